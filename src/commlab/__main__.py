@@ -1,0 +1,3 @@
+from commlab.cli import main
+
+raise SystemExit(main())

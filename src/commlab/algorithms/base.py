@@ -1,0 +1,208 @@
+"""The algorithm interface every method implements (DESIGN.md, "The algorithm interface").
+
+The training loop owns the model, the optimizer and the data; it calls the algorithm at two
+points of every step:
+
+* :meth:`Algorithm.after_backward`: gradients are ready; gradient-synchronising methods (SSGD,
+  Ok-Topk, RedSync, QSGD) replace ``p.grad`` by the synchronised gradient here;
+* :meth:`Algorithm.after_step`: the optimizer has stepped; model-synchronising methods (K-step,
+  hierarchical, ADPSGD, SSD/OD-SGD) average or refresh the parameters here.
+
+All communication goes through ``self.comm`` (a :class:`~commlab.core.Communicator`), so bytes and
+reductions are measured. State that must survive a restart (residuals, thresholds, periods,
+replicas) goes through :meth:`state_dict` / :meth:`load_state_dict`; every rank saves its own.
+
+A method is one module in this package with a class like::
+
+    @ALGORITHMS.register("mymethod")
+    class MyMethod(Algorithm):
+        @dataclass
+        class Options:
+            period: int = 4   # steps between averages
+        def after_step(self, info):
+            if (info.step + 1) % self.options.period == 0:
+                average_model(self.model, self.comm)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from commlab.core.communicator import Communicator
+from commlab.core.runtime import Runtime
+from commlab.optim import build_optimizer
+
+
+@dataclass
+class StepInfo:
+    """Where the loop is: ``step`` counts optimizer steps from 0 over the whole run."""
+
+    step: int
+    epoch: int
+    lr: float
+
+
+@dataclass
+class AlgoContext:
+    """Run-wide facts an algorithm may need."""
+
+    runtime: Runtime
+    train: dict
+    seed: int
+    steps_per_epoch: int
+    total_steps: int
+    extras: dict = field(default_factory=dict)
+
+
+@dataclass
+class NoOptions:
+    """This method has no options."""
+
+
+class Algorithm:
+    """Base class: synchronises nothing. Subclasses override the hooks they need."""
+
+    Options: type = NoOptions
+
+    def __init__(self, model: nn.Module, comm: Communicator, options: Any, ctx: AlgoContext):
+        self.model = model
+        self.comm = comm
+        self.options = options
+        self.ctx = ctx
+        self.optimizer: torch.optim.Optimizer | None = None
+
+    # ---- construction -----------------------------------------------------------------------
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """The optimizer the loop steps. Methods that move momentum into their compressor
+        (RedSync) override this to return plain SGD."""
+        return build_optimizer(self.model.parameters(), self.ctx.train)
+
+    def setup(self) -> None:
+        """Called once before training: start every replica from rank 0's parameters."""
+        broadcast_model(self.model, self.comm)
+
+    @property
+    def forward_model(self) -> nn.Module:
+        """The module the loop calls for forward/backward (DDP returns its wrapper)."""
+        return self.model
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """The module evaluated on the test set (delayed-update methods: the global replica)."""
+        return self.model
+
+    # ---- the two hooks ----------------------------------------------------------------------
+    def after_backward(self, info: StepInfo) -> None:
+        """Gradients are in ``p.grad``; synchronise them here if this method does."""
+
+    def after_step(self, info: StepInfo) -> None:
+        """The optimizer has stepped; synchronise the model here if this method does."""
+
+    def finish(self) -> None:
+        """End of training: complete anything in flight so every replica is final."""
+
+    def metrics(self) -> dict[str, float]:
+        """Method-specific per-step metrics (period, variance, threshold, ...)."""
+        return {}
+
+    # ---- checkpointing ----------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+# ---- helpers shared by methods ------------------------------------------------------------------
+def parse_options(options_cls: type, params: dict | None, where: str = "method_params") -> Any:
+    """Build a method's Options dataclass from a config dict, naming any bad key or value."""
+    params = dict(params or {})
+    fields = {f.name: f for f in dataclasses.fields(options_cls)}
+    unknown = sorted(set(params) - set(fields))
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown option(s) {unknown} for this method; known: {sorted(fields)}"
+        )
+    hints = typing.get_type_hints(options_cls)
+    for key, value in params.items():
+        params[key] = _coerce(value, hints.get(key), f"{where}.{key}")
+    options = options_cls(**params)
+    check = getattr(options, "validate", None)
+    if check is not None:
+        try:
+            check()
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
+    return options
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    if value is None or hint is None:
+        return value
+    base = typing.get_origin(hint) or hint
+    args = typing.get_args(hint)
+    if base in (typing.Union, types.UnionType):
+        for h in args:
+            if h is type(None):
+                continue
+            try:
+                return _coerce(value, h, where)
+            except ValueError:
+                continue
+        raise ValueError(f"{where}: {value!r} is not a valid value")
+    try:
+        if base is bool:
+            if isinstance(value, bool):
+                return value
+            raise ValueError
+        if base is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError
+            return int(value)
+        if base is float:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)
+        if base is str:
+            if not isinstance(value, str):
+                raise ValueError
+            return value
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected {getattr(base, '__name__', base)}, got {value!r}") from None
+    return value
+
+
+def broadcast_model(model: nn.Module, comm: Communicator, src: int = 0) -> None:
+    """Copy rank ``src``'s parameters and buffers to every rank (one flat broadcast)."""
+    tensors = [t for t in (*model.parameters(), *model.buffers()) if t.dtype.is_floating_point]
+    if comm.size == 1 or not tensors:
+        return
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        comm.broadcast(flat, src=src)
+        _unflatten_into(flat, tensors)
+
+
+def average_tensors(tensors: list[torch.Tensor], comm: Communicator) -> None:
+    """Replace each tensor by its mean over the communicator's ranks, in one allreduce."""
+    if comm.size == 1 or not tensors:
+        return
+    with torch.no_grad():
+        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
+        comm.all_reduce(flat, op="avg")
+        _unflatten_into(flat, tensors)
+
+
+def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t))
+        offset += n

@@ -1,0 +1,51 @@
+"""PyTorch DistributedDataParallel: the external reference for dense synchronous SGD.
+
+DDP allreduces gradients inside backward with its own buckets and hooks, so the Communicator
+does not see its collectives; their cost is the same ring allreduce of every gradient, and this
+module records exactly that (one ring allreduce of all parameters per step) so that the bytes
+axis of the reports compares like with like.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.core.communicator import ring_allreduce_cost
+from commlab.registry import ALGORITHMS
+
+
+@ALGORITHMS.register("ddp")
+class DDP(Algorithm):
+    """Wrap the model in DistributedDataParallel; the loop runs forward/backward on the wrapper."""
+
+    @dataclass
+    class Options:
+        bucket_mb: float = 25.0  # DDP's bucket_cap_mb
+
+        def validate(self) -> None:
+            if self.bucket_mb <= 0:
+                raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb}")
+
+    def setup(self) -> None:
+        # DDP broadcasts rank 0's parameters and buffers itself when it wraps the model.
+        device_ids = [self.ctx.runtime.local_rank] if self.ctx.runtime.device.type == "cuda" else None
+        self._ddp = DistributedDataParallel(
+            self.model, device_ids=device_ids, bucket_cap_mb=self.options.bucket_mb,
+            broadcast_buffers=True,
+        )
+        self._numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        self._esize = next(self.model.parameters()).element_size()
+
+    @property
+    def forward_model(self) -> torch.nn.Module:
+        return self._ddp
+
+    def after_backward(self, info: StepInfo) -> None:
+        # Account for the allreduce DDP already ran inside backward (time is inside compute).
+        sent, recv = ring_allreduce_cost(self._numel, self.comm.size, self.comm.rank)
+        self.comm.stats.record("ddp_all_reduce", "global", sent, recv, self._esize, 0.0)
+        self.comm.stats.add_reduction("global")

@@ -1,0 +1,60 @@
+"""Checkpoints that survive a kill at any instant.
+
+Every rank writes its own file (algorithm state such as residuals differs per rank) into
+``<dir>/step_<N>/``; after a barrier rank 0 atomically replaces ``<dir>/latest.json``, which names
+the complete step folder, and removes older ones. A kill before ``latest.json`` moves leaves the
+previous checkpoint in force; a half-written file is never named by it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def _atomic_save(obj, path: Path) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(folder: str | Path, step: int, rank: int, world_size: int, state: dict) -> None:
+    """Collective: every rank saves ``state``; then ``latest.json`` points at this step."""
+    folder = Path(folder)
+    step_dir = folder / f"step_{step}"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    _atomic_save(state, step_dir / f"rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        tmp = folder / "latest.json.tmp"
+        tmp.write_text(json.dumps({"step": step, "world_size": world_size, "dir": step_dir.name}))
+        os.replace(tmp, folder / "latest.json")
+        for old in folder.glob("step_*"):
+            if old != step_dir:
+                shutil.rmtree(old, ignore_errors=True)
+    dist.barrier()
+
+
+def load_checkpoint(folder: str | Path, rank: int, world_size: int) -> dict | None:
+    """This rank's state from the latest complete checkpoint, or None when there is none."""
+    folder = Path(folder)
+    latest = folder / "latest.json"
+    if not latest.exists():
+        return None
+    info = json.loads(latest.read_text())
+    if info["world_size"] != world_size:
+        raise ValueError(
+            f"checkpoint in {folder} was written by {info['world_size']} workers but this run has "
+            f"{world_size}; resume with the same number of workers or delete {folder}"
+        )
+    return torch.load(folder / info["dir"] / f"rank{rank}.pt", weights_only=False)
+
+
+def latest_step(folder: str | Path) -> int | None:
+    latest = Path(folder) / "latest.json"
+    return json.loads(latest.read_text())["step"] if latest.exists() else None

@@ -1,0 +1,155 @@
+"""The ``commlab`` command (also ``python -m commlab``).
+
+    commlab list                                   registered methods, models, datasets, benchmarks
+    commlab train --config run.yaml [key=value]    one experiment (under torchrun, or alone)
+    commlab data prepare fashion_mnist             prepare a dataset into data/prepared/
+    commlab bench collectives [--json FILE]        a benchmark (see `commlab list`)
+    commlab report --paper baseline                build a paper's report from MLflow
+    commlab mlflow-init baseline kstep ...         create MLflow experiments before parallel jobs
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _cmd_list(args) -> int:
+    from commlab.registry import ALGORITHMS, BENCHMARKS, DATASETS, MODELS
+
+    for title, registry in (("methods", ALGORITHMS), ("models", MODELS), ("datasets", DATASETS),
+                            ("benchmarks", BENCHMARKS)):
+        print(f"{title}:")
+        for name in registry.names():
+            print(f"  {name}")
+    return 0
+
+
+def _say_once(message: str) -> None:
+    """Under torchrun every rank hits the same config error: print it once."""
+    import os
+
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr)
+
+
+def _cmd_train(args) -> int:
+    from commlab.config import ConfigError, load_config
+
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as err:
+        _say_once(f"commlab train: {err}")
+        return 2
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(config, sort_keys=False))
+        return 0
+    from commlab.train import train
+
+    try:
+        train(config, sentinel=args.sentinel)
+    except (FileNotFoundError, ValueError) as err:
+        _say_once(f"commlab train: {err}")
+        return 2
+    return 0
+
+
+def _cmd_data(args) -> int:
+    from commlab.registry import DATASETS
+
+    spec = DATASETS.get(args.name)
+    if spec.generated:
+        print(f"{args.name} is generated on the fly; nothing to prepare")
+        return 0
+    out = Path(args.out) / args.name
+    try:
+        meta = spec.prepare(out, source=args.source)
+    except FileNotFoundError as err:
+        print(f"commlab data prepare: {err}", file=sys.stderr)
+        return 2
+    print(f"prepared {args.name} in {out}: train {meta['train_shape']}, test {meta['test_shape']}, "
+          f"hash {meta['content_hash'][:12]} (from {meta['source']})")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from commlab.registry import BENCHMARKS
+
+    bench = BENCHMARKS.get(args.name)
+    return bench(args.rest, json_path=args.json) or 0
+
+
+def _cmd_report(args) -> int:
+    from commlab.report.build import main as build_main
+
+    return build_main(args)
+
+
+def _cmd_mlflow_init(args) -> int:
+    from commlab.tracking import ensure_experiments
+
+    ids = ensure_experiments(args.experiments)
+    for name, exp_id in ids.items():
+        print(f"{name}: {exp_id}")
+    if args.marker:
+        Path(args.marker).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.marker).write_text("\n".join(f"{k}\t{v}" for k, v in ids.items()) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="commlab", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1] if "\n\n" in __doc__ else None)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="print registered methods, models, datasets and benchmarks")
+    p.set_defaults(func=_cmd_list)
+
+    p = sub.add_parser("train", help="run one experiment",
+                       description="Run one experiment. Under torchrun every worker runs this; alone it is "
+                                   "a world of one worker. Overrides are dotted keys: train.lr=0.1 seed=3.")
+    p.add_argument("--config", help="run config YAML (defaults apply to missing keys)")
+    p.add_argument("--sentinel", help="write the run record JSON here (default: <output_dir>/sentinel.json)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("data", help="prepare datasets", description="Prepare a dataset into <out>/<name>/.")
+    dsub = p.add_subparsers(dest="data_command", required=True)
+    q = dsub.add_parser("prepare", help="prepare one dataset")
+    q.add_argument("name", help="dataset name (commlab list)")
+    q.add_argument("--source", help="folder with the raw files (default: known locations, then download)")
+    q.add_argument("--out", default="data/prepared", help="prepared-data folder (default: data/prepared)")
+    q.set_defaults(func=_cmd_data)
+
+    p = sub.add_parser("bench", help="run a benchmark", description="Run a benchmark; see `commlab list`. "
+                       "Arguments after the name go to the benchmark (try `commlab bench NAME --help`).")
+    p.add_argument("name", help="benchmark name")
+    p.add_argument("--json", help="also write the results as JSON to this file")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help="benchmark arguments")
+    p.set_defaults(func=_cmd_bench)
+
+    p = sub.add_parser("report", help="build reports from MLflow",
+                       description="Execute a paper's report notebook against MLflow and export HTML; "
+                                   "with --index, rebuild reports/index.html.")
+    p.add_argument("--paper", action="append", default=[], help="paper to report (repeatable)")
+    p.add_argument("--index", action="store_true", help="rebuild reports/index.html from the claims tables")
+    p.add_argument("--out", default="reports", help="output folder (default: reports)")
+    p.add_argument("--notebooks", default="workflow/notebooks", help="notebook folder")
+    p.add_argument("--results", default="results", help="folder of run sentinels")
+    p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("mlflow-init", help="create MLflow experiments (once, before parallel jobs)")
+    p.add_argument("experiments", nargs="+", help="experiment names (one per paper)")
+    p.add_argument("--marker", help="write a marker file listing the experiments")
+    p.set_defaults(func=_cmd_mlflow_init)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,1 @@
+"""Shared gradient compression pieces: selectors, residual memory, quantisers."""

@@ -1,0 +1,154 @@
+"""Run configs: defaults, YAML loading, ``key=value`` overrides and validation.
+
+A run config is one experiment (one method, one seed). Validation happens in two layers, both
+before any worker starts: the JSON schema (``schemas/run.schema.yaml``) catches unknown keys and
+wrong types, then the registries catch unknown method/model/dataset names and each method's own
+Options check its parameters. Every message names the offending key.
+"""
+
+from __future__ import annotations
+
+import copy
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from commlab.registry import ALGORITHMS, DATASETS, MODELS
+
+DEFAULTS: dict[str, Any] = {
+    "paper": "adhoc",
+    "name": None,
+    "method": "ssgd",
+    "method_params": {},
+    "seed": 0,
+    "workers": 1,
+    "nodes": 1,
+    "backend": "auto",
+    "timeout_s": 120.0,
+    "threads": 1,
+    "model": "cnn",
+    "dataset": "fashion_mnist",
+    "data_dir": "data/prepared",
+    "verify_data": False,
+    "output_dir": None,
+    "network": None,
+    "golden": None,
+    "train": {
+        "epochs": 2,
+        "batch_size": 32,
+        "lr": 0.05,
+        "optimizer": "sgd",
+        "momentum": 0.9,
+        "nesterov": False,
+        "weight_decay": 0.0,
+        "warmup_epochs": 0,
+        "lr_schedule": {"kind": "constant"},
+        "train_subset": None,
+        "test_subset": None,
+        "max_steps": None,
+        "log_every": 10,
+        "eval_batch_size": 1000,
+        "checkpoint_every_epochs": 1,
+        "grad_clip": None,
+    },
+    "tracking": {"enabled": True, "uri": None, "experiment": None},
+}
+
+
+class ConfigError(ValueError):
+    """A config is invalid; the message names the key."""
+
+
+def deep_merge(base: dict, override: dict) -> dict:
+    """Return ``base`` updated recursively with ``override`` (neither is modified)."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "method_params":
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def apply_override(config: dict, assignment: str) -> None:
+    """Apply one ``dotted.key=value`` override in place; the value is parsed as YAML."""
+    if "=" not in assignment:
+        raise ConfigError(f"override {assignment!r} is not of the form key=value")
+    key, raw = assignment.split("=", 1)
+    parts = key.strip().split(".")
+    node = config
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {assignment!r}: {part!r} is not a section")
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> dict:
+    """Defaults <- YAML file <- overrides, validated."""
+    config = copy.deepcopy(DEFAULTS)
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {str(path)!r} must hold a mapping, got {type(loaded).__name__}")
+        config = deep_merge(config, loaded)
+    for assignment in overrides:
+        apply_override(config, assignment)
+    validate_config(config)
+    return config
+
+
+def run_schema() -> dict:
+    text = resources.files("commlab").joinpath("schemas/run.schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def validate_config(config: dict) -> None:
+    """Raise :class:`ConfigError` naming the first bad key or value."""
+    validator = jsonschema.Draft202012Validator(run_schema())
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    if errors:
+        err = errors[0]
+        where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        raise ConfigError(f"config key {where}: {err.message}")
+    for key, registry in (("method", ALGORITHMS), ("model", MODELS), ("dataset", DATASETS)):
+        if config[key] not in registry:
+            raise ConfigError(f"config key {key}: unknown {registry.kind} {config[key]!r}; "
+                              f"known: {', '.join(registry.names())}")
+    from commlab.algorithms.base import parse_options
+
+    try:
+        parse_options(ALGORITHMS.get(config["method"]).Options, config.get("method_params"),
+                      where="config key method_params")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    subset = config["train"].get("train_subset")
+    global_batch = config["workers"] * config.get("nodes", 1) * config["train"]["batch_size"]
+    if subset is not None and subset < global_batch:
+        raise ConfigError(
+            f"config key train.train_subset: {subset} samples cannot fill one step of "
+            f"{config['workers']} workers x batch {config['train']['batch_size']}"
+        )
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"lr": 0.1}}`` -> ``{"train.lr": 0.1}`` (for MLflow params)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def dump_config(config: dict, path: str | Path) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(config, sort_keys=False))

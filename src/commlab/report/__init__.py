@@ -1,0 +1,1 @@
+"""Reports: MLflow runs -> tidy tables -> claims verdicts -> figures -> HTML."""

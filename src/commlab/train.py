@@ -1,0 +1,360 @@
+"""The one training loop. Every method of every paper runs through it.
+
+Launch (4 CPU workers, gloo)::
+
+    torchrun --standalone --nproc-per-node 4 -m commlab train --config run.yaml train.epochs=1
+    python -m commlab train --config run.yaml          # alone: a world of one worker
+
+Each rank builds its data shard, model, optimizer and algorithm, then per step: forward, backward,
+``algo.after_backward`` (gradient sync), optimizer step, ``algo.after_step`` (model sync). Rank 0
+alone logs to MLflow and prints progress. Every ``train.log_every`` steps one small control
+allreduce (outside the Communicator's accounting: it is instrumentation, not the method's traffic)
+averages the loss, spreads a SIGTERM to every rank so all checkpoint at the same step, and stops
+the run on a non-finite loss anywhere.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import random
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
+from commlab.checkpoint import load_checkpoint, save_checkpoint
+from commlab.core import CommStats, Communicator, init_runtime, seed_everything, shutdown_runtime
+from commlab.data import load_dataset, shard_indices
+from commlab.models import build_model
+from commlab.optim import lr_at, set_lr
+from commlab.registry import ALGORITHMS
+
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: checkpointed, not finished; re-running resumes
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+class Preempted(Exception):
+    pass
+
+
+class StopSignal:
+    """Remembers a SIGTERM/SIGINT until the next control point, where all ranks agree to stop."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested = True
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def output_dir(config: dict) -> Path:
+    if config.get("output_dir"):
+        return Path(config["output_dir"])
+    return Path("results") / config["paper"] / (config.get("name") or config["method"]) / f"seed{config['seed']}"
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, data, x: torch.Tensor, y: torch.Tensor, batch: int,
+             device: torch.device) -> tuple[float, float]:
+    """Test loss and accuracy (%) of ``model`` on ``(x, y)``."""
+    was_training = model.training
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for i in range(0, len(y), batch):
+        xb = data.normalise(x[i:i + batch]).to(device)
+        yb = y[i:i + batch].to(device)
+        out = model(xb)
+        loss_sum += F.cross_entropy(out, yb, reduction="sum").item()
+        correct += (out.argmax(1) == yb).sum().item()
+    model.train(was_training)
+    return loss_sum / len(y), 100.0 * correct / len(y)
+
+
+def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Random 4-pixel-padded crop and horizontal flip (the CIFAR recipe), per sample."""
+    n, _, h, w = x.shape
+    padded = F.pad(x, (4, 4, 4, 4))
+    dx = torch.randint(0, 9, (n,), generator=gen)
+    dy = torch.randint(0, 9, (n,), generator=gen)
+    flip = torch.rand(n, generator=gen) < 0.5
+    out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
+    out[flip] = out[flip].flip(-1)
+    return out
+
+
+def rng_state() -> dict:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def train(config: dict, sentinel: str | Path | None = None) -> dict:
+    """Run one experiment; return the final metrics (on every rank)."""
+    rt = init_runtime(config["backend"], config["timeout_s"])
+    stop = StopSignal()
+    stop.install()
+    try:
+        torch.set_num_threads(config["threads"])
+        seed_everything(config["seed"], rt.rank)
+        return _run(config, rt, stop, sentinel)
+    except Preempted:
+        raise SystemExit(EXIT_PREEMPTED) from None
+    finally:
+        stop.uninstall()
+        shutdown_runtime()
+
+
+def _run(config: dict, rt, stop: StopSignal, sentinel) -> dict:
+    tcfg = config["train"]
+    out = output_dir(config)
+    ckpt_dir = out / "checkpoints"
+
+    # ---- data: every rank loads the same tensors and takes its own slice of each batch --------
+    data = load_dataset(config["dataset"], config["data_dir"], verify=config.get("verify_data", False))
+    train_x, train_y = data.train_x, data.train_y
+    if tcfg.get("train_subset"):
+        train_x, train_y = train_x[: tcfg["train_subset"]], train_y[: tcfg["train_subset"]]
+    test_x, test_y = data.test_x, data.test_y
+    if tcfg.get("test_subset"):
+        test_x, test_y = test_x[: tcfg["test_subset"]], test_y[: tcfg["test_subset"]]
+    batch = tcfg["batch_size"]
+    steps_per_epoch = len(train_y) // (rt.world_size * batch)
+    total_steps = steps_per_epoch * tcfg["epochs"]
+    if tcfg.get("max_steps"):
+        total_steps = min(total_steps, tcfg["max_steps"])
+    aug_gen = torch.Generator().manual_seed(config["seed"] * 7919 + rt.rank)
+
+    # ---- model, communicator, algorithm, optimizer ----------------------------------------------
+    spec = data.spec
+    model = build_model(config["model"], spec.channels, spec.num_classes, spec.image_size).to(rt.device)
+    comm = Communicator(stats=CommStats())
+    algo_cls = ALGORITHMS.get(config["method"])
+    options = parse_options(algo_cls.Options, config.get("method_params"))
+    ctx = AlgoContext(rt, tcfg, config["seed"], steps_per_epoch, total_steps,
+                      extras={"workers_per_node": config["workers"]})
+    algo = algo_cls(model, comm, options, ctx)
+    optimizer = algo.optimizer = algo.build_optimizer()
+    algo.setup()
+
+    # ---- resume --------------------------------------------------------------------------------
+    step, epoch, pos, run_id, wall_offset = 0, 0, 0, None, 0.0
+    state = load_checkpoint(ckpt_dir, rt.rank, rt.world_size)
+    if state is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        algo.load_state_dict(state["algorithm"])
+        comm.stats.load_state_dict(state["stats"])
+        set_rng_state(state["rng"])
+        aug_gen.set_state(state["aug_rng"])
+        step, epoch, pos = state["step"], state["epoch"], state["pos"]
+        run_id, wall_offset = state.get("run_id"), state.get("wall_seconds", 0.0)
+
+    tracker = None
+    if rt.is_main and config["tracking"].get("enabled", True):
+        from commlab.tracking import RunTracker, git_commit
+
+        tags = {"paper": config["paper"], "method": config["method"],
+                "name": config.get("name") or config["method"], "seed": str(config["seed"]),
+                "workers": str(rt.world_size), "backend": rt.backend, "git_commit": git_commit(),
+                "data_hash": str(data.meta.get("content_hash")), "model": config["model"],
+                "dataset": config["dataset"]}
+        tracker = RunTracker(config, tags, run_id=run_id)
+        run_id = tracker.run_id
+
+    def checkpoint() -> None:
+        save_checkpoint(ckpt_dir, step, rt.rank, rt.world_size, {
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+            "algorithm": algo.state_dict(), "stats": comm.stats.state_dict(), "rng": rng_state(),
+            "aug_rng": aug_gen.get_state(), "step": step, "epoch": epoch, "pos": pos,
+            "run_id": run_id, "wall_seconds": wall_offset + time.perf_counter() - t_start,
+        })
+
+    # ---- the loop ------------------------------------------------------------------------------
+    log_every = tcfg["log_every"]
+    golden: list[dict] = []
+    window_loss, window_n, compute_s = 0.0, 0, 0.0
+    final: dict = {}
+    t_start = time.perf_counter()
+    bar = tqdm(total=total_steps, initial=step, disable=not rt.is_main, desc=config.get("name") or config["method"],
+               unit="step", dynamic_ncols=True, mininterval=2.0)
+    status = "FAILED"
+    try:
+        while step < total_steps:
+            batches = shard_indices(len(train_y), rt.world_size, rt.rank, batch, epoch, config["seed"])
+            while pos < len(batches) and step < total_steps:
+                idx = batches[pos]
+                xb = train_x[idx]
+                if spec.augment:
+                    xb = augment(xb, aug_gen)
+                xb, yb = data.normalise(xb).to(rt.device), train_y[idx].to(rt.device)
+                lr = lr_at(step, steps_per_epoch, total_steps, tcfg)
+                set_lr(optimizer, lr)
+                info = StepInfo(step, epoch, lr)
+
+                t0, comm0 = time.perf_counter(), comm.stats.counters["comm_seconds"]
+                optimizer.zero_grad(set_to_none=False)
+                loss = F.cross_entropy(algo.forward_model(xb), yb)
+                loss.backward()
+                algo.after_backward(info)
+                if tcfg.get("grad_clip"):
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg["grad_clip"])
+                optimizer.step()
+                algo.after_step(info)
+                compute_s += (time.perf_counter() - t0) - (comm.stats.counters["comm_seconds"] - comm0)
+
+                loss_value = loss.item()
+                window_loss += loss_value if math.isfinite(loss_value) else float("inf")
+                window_n += 1
+                step += 1
+                pos += 1
+                bar.update(1)
+
+                if step % log_every == 0 or step == total_steps:
+                    mean_loss, stop_now, bad = _control(window_loss, window_n, stop.requested, rt)
+                    if bad:
+                        raise NonFiniteLoss(
+                            f"non-finite training loss at step {step} (epoch {epoch}) on {bad} rank(s); "
+                            f"lower train.lr or enable train.grad_clip")
+                    metrics = _step_metrics(comm.stats.totals(), algo.metrics(), mean_loss, lr, step, epoch,
+                                            step * rt.world_size * batch, compute_s,
+                                            wall_offset + time.perf_counter() - t_start)
+                    final.update(metrics)
+                    if tracker:
+                        tracker.log_metrics(metrics, step)
+                    if config.get("golden"):
+                        golden.append({"step": step, "train_loss": round(mean_loss, 6)})
+                    bar.set_postfix(loss=f"{mean_loss:.4f}")
+                    window_loss, window_n = 0.0, 0
+                    if stop_now:
+                        if tracker:
+                            tracker.flush()
+                        checkpoint()
+                        status = "KILLED"
+                        raise Preempted()
+
+            if pos >= len(batches):  # epoch complete
+                epoch, pos = epoch + 1, 0
+                test_loss, test_acc = _evaluate_on_main(algo, data, test_x, test_y, tcfg, rt)
+                final.update(test_loss=test_loss, test_accuracy=test_acc, epoch=epoch)
+                if tracker:
+                    tracker.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+                    tracker.flush()
+                every = tcfg.get("checkpoint_every_epochs", 1)
+                if every and epoch % every == 0 and step < total_steps:
+                    checkpoint()
+        algo.finish()
+        if "test_accuracy" not in final or pos != 0:  # stopped by max_steps mid-epoch
+            test_loss, test_acc = _evaluate_on_main(algo, data, test_x, test_y, tcfg, rt)
+            final.update(test_loss=test_loss, test_accuracy=test_acc)
+            if tracker:
+                tracker.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+        bar.close()
+        checkpoint()
+        status = "FINISHED"
+        if rt.is_main:
+            _write_outputs(config, out, sentinel, tracker, final, golden, data, ckpt_dir)
+        return final
+    finally:
+        bar.close()
+        if tracker:
+            try:
+                tracker.finish(status)
+            except Exception as err:  # noqa: BLE001 - never mask the original error
+                print(f"[commlab] could not mark the MLflow run {status}: {err}", flush=True)
+
+
+def _control(window_loss: float, window_n: int, stop_requested: bool, rt) -> tuple[float, bool, int]:
+    """One tiny allreduce: global mean loss, whether any rank was asked to stop, non-finite count."""
+    finite = math.isfinite(window_loss)
+    t = torch.tensor([window_loss if finite else 0.0, window_n, float(stop_requested), float(not finite)],
+                     dtype=torch.float64, device=rt.device if rt.backend == "nccl" else "cpu")
+    if rt.world_size > 1:
+        dist.all_reduce(t)
+    return t[0].item() / max(1.0, t[1].item()), t[2].item() > 0, int(t[3].item())
+
+
+def _evaluate_on_main(algo, data, test_x, test_y, tcfg, rt) -> tuple[float, float]:
+    """Test loss and accuracy of rank 0's evaluation model, computed by all ranks together.
+
+    Replicas can differ (local SGD), so rank 0's parameters and buffers are broadcast into a
+    copy on every rank, each rank scores its slice of the test set, and the sums are added.
+    This traffic is evaluation, not the method's: it bypasses the Communicator."""
+    model = algo.eval_model
+    if rt.world_size > 1:
+        model = copy.deepcopy(model)
+        with torch.no_grad():
+            for t in model.state_dict().values():
+                dist.broadcast(t, src=0)
+    part = torch.arange(rt.rank, len(test_y), rt.world_size)
+    loss, acc = evaluate(model, data, test_x[part], test_y[part], tcfg["eval_batch_size"], rt.device)
+    sums = torch.tensor([loss * len(part), acc * len(part), len(part)], dtype=torch.float64,
+                        device=rt.device if rt.backend == "nccl" else "cpu")
+    if rt.world_size > 1:
+        dist.all_reduce(sums)
+    return sums[0].item() / sums[2].item(), sums[1].item() / sums[2].item()
+
+
+def _step_metrics(totals: dict, extra: dict, loss: float, lr: float, step: int, epoch: int,
+                  samples: int, compute_s: float, wall_s: float) -> dict:
+    metrics = {"train_loss": loss, "lr": lr, "epoch": epoch, "samples": samples,
+               "compute_seconds": compute_s, "wall_seconds": wall_s}
+    metrics.update({k: v for k, v in totals.items()})
+    metrics.update({f"algo_{k}": v for k, v in extra.items()})
+    return metrics
+
+
+def _write_outputs(config, out: Path, sentinel, tracker, final, golden, data, ckpt_dir) -> None:
+    from commlab.config import dump_config
+    from commlab.tracking import git_commit
+
+    out.mkdir(parents=True, exist_ok=True)
+    dump_config(config, out / "config.yaml")
+    if config.get("golden"):
+        Path(config["golden"]).parent.mkdir(parents=True, exist_ok=True)
+        Path(config["golden"]).write_text(json.dumps(golden, indent=1) + "\n")
+    if tracker:
+        tracker.log_artifact(out / "config.yaml")
+        tracker.log_artifact(ckpt_dir / "latest.json", "checkpoint")
+        for f in sorted(ckpt_dir.glob("step_*/rank0.pt")):
+            tracker.log_artifact(f, "checkpoint")
+        if (out / "train.log").exists():
+            tracker.log_artifact(out / "train.log")
+    record = {
+        "run_id": tracker.run_id if tracker else None,
+        "experiment": config["tracking"].get("experiment") or config["paper"],
+        "paper": config["paper"], "name": config.get("name") or config["method"],
+        "method": config["method"], "seed": config["seed"], "workers": dist.get_world_size(),
+        "git_commit": git_commit(), "data_hash": data.meta.get("content_hash"),
+        "final": {k: final[k] for k in ("train_loss", "test_loss", "test_accuracy", "bytes_sent",
+                                         "reductions_global", "wall_seconds") if k in final},
+    }
+    target = Path(sentinel) if sentinel else out / "sentinel.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, target)
