@@ -66,7 +66,7 @@ class Pending:
     """An asynchronous collective in flight. ``wait()`` blocks and records the blocked time."""
 
     work: dist.Work | None
-    comm: "Communicator"
+    comm: Communicator
     op: str
     started: float
     result: torch.Tensor | None = None
@@ -107,7 +107,7 @@ class Communicator:
         )
 
     # ------------------------------------------------------------------ structure
-    def subgroup(self, group: dist.ProcessGroup) -> "Communicator":
+    def subgroup(self, group: dist.ProcessGroup) -> Communicator:
         """A Communicator over ``group`` that records into the same stats as ``local``."""
         return Communicator(group, scope="local", stats=self.stats)
 

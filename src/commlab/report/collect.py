@@ -1,0 +1,61 @@
+"""MLflow runs -> tidy pandas tables, the input of every report notebook.
+
+``load_runs(paper)`` returns one row per (name, seed): the newest FINISHED run (re-running a job
+adds a run beside the old one; reports pick the newest). ``load_history(runs, metrics)`` returns
+the per-step values of those runs in long form: run_id, name, method, seed, metric, step, value.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from commlab.tracking import client
+
+RUN_COLUMNS = ["run_id", "name", "method", "seed", "workers", "status", "start_time"]
+
+
+def load_runs(paper: str, uri: str | None = None, status: str = "FINISHED") -> pd.DataFrame:
+    """Newest ``status`` run per (name, seed) of the paper's experiment, with final metrics as
+    columns (``test_accuracy``, ``bytes_sent``, ...) and params as ``param.<key>`` columns."""
+    c = client(uri)
+    exp = c.get_experiment_by_name(paper)
+    if exp is None:
+        return pd.DataFrame(columns=RUN_COLUMNS)
+    rows = []
+    for run in c.search_runs([exp.experiment_id], max_results=50000):
+        if run.info.status != status:
+            continue
+        tags = run.data.tags
+        row = {"run_id": run.info.run_id, "name": tags.get("name"), "method": tags.get("method"),
+               "seed": int(tags.get("seed", -1)), "workers": int(tags.get("workers", 0)),
+               "status": run.info.status, "start_time": run.info.start_time}
+        row.update(run.data.metrics)
+        row.update({f"param.{k}": v for k, v in run.data.params.items()})
+        rows.append(row)
+    if not rows:
+        return pd.DataFrame(columns=RUN_COLUMNS)
+    df = pd.DataFrame(rows).sort_values("start_time")
+    return df.groupby(["name", "seed"], as_index=False).last().reset_index(drop=True)
+
+
+def load_history(runs: pd.DataFrame, metrics: list[str], uri: str | None = None) -> pd.DataFrame:
+    """Per-step values of ``metrics`` for the given runs, long form."""
+    c = client(uri)
+    rows = []
+    for run in runs.itertuples():
+        for metric in metrics:
+            for m in c.get_metric_history(run.run_id, metric):
+                rows.append({"run_id": run.run_id, "name": run.name, "method": run.method,
+                             "seed": run.seed, "metric": metric, "step": m.step, "value": m.value})
+    return pd.DataFrame(rows, columns=["run_id", "name", "method", "seed", "metric", "step", "value"])
+
+
+def wide_history(history: pd.DataFrame) -> pd.DataFrame:
+    """Long history -> one row per (run, step) with one column per metric (forward-filled within
+    a run, since evaluation metrics exist only at epoch ends)."""
+    if history.empty:
+        return history
+    wide = history.pivot_table(index=["run_id", "name", "method", "seed", "step"], columns="metric",
+                               values="value").reset_index()
+    return wide.sort_values(["run_id", "step"]).groupby("run_id", group_keys=False).apply(
+        lambda g: g.ffill()).reset_index(drop=True)

@@ -1,0 +1,47 @@
+"""Seaborn figures shared by the report notebooks: a metric against an x-axis (samples, bytes,
+global reductions, seconds), one line per method variant, mean and spread over seeds."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+AXIS_LABELS = {
+    "samples": "samples processed", "bytes_sent": "bytes sent per rank",
+    "reductions_global": "global reductions", "wall_seconds": "wall-clock seconds",
+    "train_loss": "training loss", "test_accuracy": "test accuracy (%)", "test_loss": "test loss",
+    "step": "step",
+}
+
+
+def curves(wide: pd.DataFrame, x: str, y: str, hue: str = "name", ax=None, logx: bool = False,
+           title: str | None = None):
+    """Line plot of ``y`` against ``x``; seeds are aggregated (mean, band = one s.d.)."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    data = wide.dropna(subset=[x, y])
+    if not data.empty:
+        sns.lineplot(data=data, x=x, y=y, hue=hue, errorbar="sd", ax=ax, marker="o", markersize=3)
+    ax.set_xlabel(AXIS_LABELS.get(x, x))
+    ax.set_ylabel(AXIS_LABELS.get(y, y))
+    if logx:
+        ax.set_xscale("log")
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def curve_grid(wide: pd.DataFrame, xs: list[str], ys: list[str], hue: str = "name"):
+    """A grid of :func:`curves`: rows are metrics, columns are x-axes."""
+    fig, axes = plt.subplots(len(ys), len(xs), figsize=(5 * len(xs), 3.6 * len(ys)), squeeze=False)
+    for i, y in enumerate(ys):
+        for j, x in enumerate(xs):
+            curves(wide, x, y, hue=hue, ax=axes[i][j])
+            if (i, j) != (0, len(xs) - 1) and axes[i][j].get_legend():
+                axes[i][j].get_legend().remove()
+    fig.tight_layout()
+    return fig
