@@ -5,6 +5,7 @@
     commlab data prepare fashion_mnist             prepare a dataset into data/prepared/
     commlab bench collectives [--json FILE]        a benchmark (see `commlab list`)
     commlab report --paper baseline                build a paper's report from MLflow
+    commlab grid kstep [--scale smoke] [--run]     list (or run) a paper's experiment grid
     commlab mlflow-init baseline kstep ...         create MLflow experiments before parallel jobs
 """
 
@@ -100,6 +101,47 @@ def _cmd_mlflow_init(args) -> int:
     return 0
 
 
+def _cmd_grid(args) -> int:
+    """List a paper's grid, or run it cell by cell (sequentially, each under torchrun)."""
+    import subprocess
+    import time
+
+    import yaml
+
+    from commlab.config import ConfigError
+    from commlab.grid import resolve_grid
+
+    defaults = {}
+    if args.workflow_config and Path(args.workflow_config).exists():
+        defaults = (yaml.safe_load(Path(args.workflow_config).read_text()) or {}).get("defaults", {})
+    try:
+        configs = resolve_grid(args.paper, defaults, scale=args.scale)
+    except ConfigError as err:
+        print(f"commlab grid: {err}", file=sys.stderr)
+        return 2
+    selected = {k: v for k, v in configs.items() if not args.only or k[0] in args.only}
+    if not args.run:
+        for (name, seed), config in selected.items():
+            print(f"{name}\tseed={seed}\tmethod={config['method']}\tworkers={config['workers']}")
+        return 0
+    started = time.perf_counter()
+    for (name, seed), config in selected.items():
+        folder = Path(args.results) / args.paper / name / f"seed{seed}"
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {**config, "output_dir": str(folder)}
+        (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={config['workers']}", "-m", "commlab", "train",
+               "--config", str(folder / "config.yaml"), "--sentinel", str(folder / "sentinel.json")]
+        t0 = time.perf_counter()
+        rc = subprocess.call(cmd)
+        print(f"[grid] {args.paper}/{name}/seed{seed}: exit {rc} in {time.perf_counter() - t0:.1f} s", flush=True)
+        if rc:
+            return rc
+    print(f"[grid] {args.paper} ({args.scale}): {len(selected)} runs in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="commlab", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -142,6 +184,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--notebooks", default="workflow/notebooks", help="notebook folder")
     p.add_argument("--results", default="results", help="folder of run sentinels")
     p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("grid", help="list or run a paper's experiment grid without Snakemake",
+                       description="List the runs of config/papers/PAPER.yaml at a scale; with --run, run "
+                                   "them one after another under torchrun (Snakemake does this in parallel).")
+    p.add_argument("paper")
+    p.add_argument("--scale", default="laptop", help="laptop (default), smoke or paper")
+    p.add_argument("--run", action="store_true", help="run the cells (default: only list them)")
+    p.add_argument("--only", nargs="*", help="run names to keep")
+    p.add_argument("--results", default="results", help="output folder (default: results)")
+    p.add_argument("--workflow-config", default="config/config.yaml", help="source of the defaults")
+    p.set_defaults(func=_cmd_grid)
 
     p = sub.add_parser("mlflow-init", help="create MLflow experiments (once, before parallel jobs)")
     p.add_argument("experiments", nargs="+", help="experiment names (one per paper)")

@@ -1,0 +1,88 @@
+"""Experiment grids: ``config/papers/<paper>.yaml`` -> one run config per (paper, run name, seed).
+
+A grid file looks like::
+
+    title: "K-step averaging (Cong et al., ICPP'19)"
+    seeds: [0, 1, 2]
+    base:                       # merged over config.yaml's `defaults` for every run of the paper
+      workers: 6
+    runs:                       # run name -> fragment merged over base
+      ssgd: {method: ssgd}
+      kstep_k16: {method: kstep, method_params: {k: 16}}
+    scales:                     # optional, per scale (laptop is the file itself)
+      smoke: {seeds: [0], base: {train: {train_subset: 2000}}, runs: [ssgd, kstep_k16]}
+      paper: {base: {dataset: cifar10, model: resnet20}, runs: {...}}
+
+In a scale, ``base`` is merged over the paper's base, ``seeds`` replaces the seeds, and ``runs`` is
+either a list of names to keep or a mapping that replaces the runs. The resolved configs are
+validated here, so a bad key stops the whole workflow before any job starts.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+from commlab.config import DEFAULTS, ConfigError, deep_merge, validate_config
+
+GRID_KEYS = {"title", "description", "seeds", "base", "runs", "scales"}
+SCALE_KEYS = {"seeds", "base", "runs"}
+
+
+def load_grid_file(paper: str, papers_dir: str | Path = "config/papers") -> dict:
+    path = Path(papers_dir) / f"{paper}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in Path(papers_dir).glob("*.yaml"))
+        raise ConfigError(f"no grid for paper {paper!r}: {path} does not exist; known: {', '.join(known)}")
+    grid = yaml.safe_load(path.read_text()) or {}
+    unknown = sorted(set(grid) - GRID_KEYS)
+    if unknown:
+        raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(GRID_KEYS)}")
+    if not grid.get("runs"):
+        raise ConfigError(f"{path}: key runs must name at least one run")
+    return grid
+
+
+def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop",
+                 papers_dir: str | Path = "config/papers") -> dict[tuple[str, int], dict]:
+    """All run configs of a paper at a scale: ``{(name, seed): config}``, validated."""
+    grid = load_grid_file(paper, papers_dir)
+    base = deep_merge(DEFAULTS, defaults or {})
+    base = deep_merge(base, grid.get("base") or {})
+    runs, seeds = dict(grid["runs"]), list(grid.get("seeds") or [0])
+    if scale != "laptop":
+        override = (grid.get("scales") or {}).get(scale)
+        if override is None:
+            raise ConfigError(f"config/papers/{paper}.yaml has no scale {scale!r}; "
+                              f"known: laptop, {', '.join(grid.get('scales') or {}) or '(none)'}")
+        unknown = sorted(set(override) - SCALE_KEYS)
+        if unknown:
+            raise ConfigError(f"config/papers/{paper}.yaml scales.{scale}: unknown key(s) {unknown}")
+        base = deep_merge(base, override.get("base") or {})
+        seeds = list(override.get("seeds", seeds))
+        chosen = override.get("runs")
+        if isinstance(chosen, list):
+            missing = sorted(set(chosen) - set(runs))
+            if missing:
+                raise ConfigError(f"config/papers/{paper}.yaml scales.{scale}.runs: unknown run(s) {missing}")
+            runs = {name: runs[name] for name in chosen}
+        elif isinstance(chosen, dict):
+            runs = chosen
+    configs = {}
+    for name, fragment in runs.items():
+        for seed in seeds:
+            config = deep_merge(base, fragment or {})
+            config.update(paper=paper, name=name, seed=seed)
+            config["tracking"] = {**config.get("tracking", {}), "experiment": paper}
+            try:
+                validate_config(config)
+            except ConfigError as err:
+                raise ConfigError(f"config/papers/{paper}.yaml run {name!r}: {err}") from None
+            configs[(name, seed)] = copy.deepcopy(config)
+    return configs
+
+
+def grid_title(paper: str, papers_dir: str | Path = "config/papers") -> str:
+    return load_grid_file(paper, papers_dir).get("title", paper)
