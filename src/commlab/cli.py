@@ -2,6 +2,7 @@
 
     commlab list                                   registered methods, models, datasets, benchmarks
     commlab train --config run.yaml [key=value]    one experiment (under torchrun, or alone)
+    commlab launch --config run.yaml               start its workers (torchrun / srun + torchrun)
     commlab data prepare fashion_mnist             prepare a dataset into data/prepared/
     commlab bench collectives [--json FILE]        a benchmark (see `commlab list`)
     commlab report --paper baseline                build a paper's report from MLflow
@@ -74,6 +75,12 @@ def _cmd_data(args) -> int:
     print(f"prepared {args.name} in {out}: train {meta['train_shape']}, test {meta['test_shape']}, "
           f"hash {meta['content_hash'][:12]} (from {meta['source']})")
     return 0
+
+
+def _cmd_launch(args) -> int:
+    from commlab.launch import launch
+
+    return launch(args.config, args.sentinel)
 
 
 def _cmd_bench(args) -> int:
@@ -159,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("launch", help="start one experiment's workers (torchrun; srun across nodes)",
+                       description="Validate the run config, then start its workers: torchrun --standalone on "
+                                   "one node, srun + torchrun with c10d rendezvous across SLURM nodes.")
+    p.add_argument("--config", required=True, help="run config YAML")
+    p.add_argument("--sentinel", help="run record JSON written by rank 0 at the end")
+    p.set_defaults(func=_cmd_launch)
 
     p = sub.add_parser("data", help="prepare datasets", description="Prepare a dataset into <out>/<name>/.")
     dsub = p.add_subparsers(dest="data_command", required=True)

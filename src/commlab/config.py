@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "workers": 1,
     "nodes": 1,
+    "max_restarts": 0,
     "backend": "auto",
     "timeout_s": 120.0,
     "threads": 1,
