@@ -15,6 +15,7 @@ and tears the group down. An exception on any rank is re-raised here with its tr
 
 from __future__ import annotations
 
+import io
 import os
 import traceback
 
@@ -30,7 +31,11 @@ def _worker(rank, world_size, port, fn, args, queue, timeout_s):
     torch.set_num_threads(1)
     try:
         init_runtime("gloo", timeout_s=timeout_s)
-        queue.put((rank, "ok", fn(rank, world_size, *args)))
+        # Serialise here: tensors passed through the queue as shared memory would vanish when
+        # this process exits before the parent reads them.
+        buffer = io.BytesIO()
+        torch.save(fn(rank, world_size, *args), buffer)
+        queue.put((rank, "ok", buffer.getvalue()))
     except BaseException:  # noqa: BLE001 - report everything to the parent
         queue.put((rank, "error", traceback.format_exc()))
     finally:
@@ -52,7 +57,7 @@ def run_distributed(fn, world_size: int, args: tuple = (), timeout_s: float = 60
         for _ in range(world_size):
             rank, status, value = queue.get(timeout=timeout_s * 3)
             if status == "ok":
-                results[rank] = value
+                results[rank] = torch.load(io.BytesIO(value), weights_only=False)
             else:
                 errors.append(f"rank {rank}:\n{value}")
     finally:

@@ -31,11 +31,13 @@ class DDP(Algorithm):
                 raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb}")
 
     def setup(self) -> None:
-        # DDP broadcasts rank 0's parameters and buffers itself when it wraps the model.
+        # Start from rank 0's replica through the Communicator (counted) instead of DDP's own
+        # uncounted initial broadcast.
+        super().setup()
         device_ids = [self.ctx.runtime.local_rank] if self.ctx.runtime.device.type == "cuda" else None
         self._ddp = DistributedDataParallel(
             self.model, device_ids=device_ids, bucket_cap_mb=self.options.bucket_mb,
-            broadcast_buffers=True,
+            forward_sync_buffers=True, init_sync=False,
         )
         self._numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self._esize = next(self.model.parameters()).element_size()

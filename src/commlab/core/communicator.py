@@ -61,6 +61,11 @@ def ring_allreduce_cost(n: int, p: int, i: int) -> tuple[int, int]:
     return 2 * n - c[(i + 1) % p] - c[(i + 2) % p], 2 * n - c[i] - c[(i + 1) % p]
 
 
+# torch 2.14 renamed the flat collectives; use the new names where they exist.
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 @dataclass
 class Pending:
     """An asynchronous collective in flight. ``wait()`` blocks and records the blocked time."""
@@ -165,9 +170,11 @@ class Communicator:
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Gather equal-size tensors from every rank: returns shape ``(size, *tensor.shape)``."""
-        out = torch.empty((self.size, *tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        # Flat buffers: gloo checks that the output is exactly size x input elements.
+        out = torch.empty(self.size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
         t0 = time.perf_counter()
-        dist.all_gather_into_tensor(out, tensor.contiguous(), group=self.group)
+        _all_gather_flat(out, tensor.contiguous().view(-1), group=self.group)
+        out = out.view(self.size, *tensor.shape)
         self._sync_device(out)
         m = tensor.numel() * (self.size - 1)
         self._record("all_gather", m, m, tensor.element_size(), time.perf_counter() - t0)
@@ -183,7 +190,7 @@ class Communicator:
             (tensor.shape[0] // self.size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
         )
         t0 = time.perf_counter()
-        dist.reduce_scatter_tensor(out, tensor.contiguous(), group=self.group)
+        _reduce_scatter_flat(out.view(-1), tensor.contiguous().view(-1), group=self.group)
         if op == "avg":
             out.div_(self.size)
         self._sync_device(out)

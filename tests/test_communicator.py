@@ -1,0 +1,152 @@
+"""The Communicator: results equal torch's collectives and byte counts equal the standard costs."""
+
+import pytest
+import torch
+
+from commlab.core import Communicator
+from commlab.core.communicator import ring_allreduce_cost, ring_chunks
+from commlab.testing import run_distributed
+
+
+def _collectives(rank, world, n):
+    comm = Communicator()
+    out = {}
+    x = torch.arange(n, dtype=torch.float32) * (rank + 1)
+    comm.all_reduce(x)
+    out["all_reduce"] = (x, comm.stats.drain()[-1])
+    y = torch.full((n,), float(rank))
+    comm.all_reduce(y, op="avg")
+    out["avg"] = (y, comm.stats.drain()[-1])
+    b = torch.full((n,), float(rank), dtype=torch.float64)
+    comm.broadcast(b, src=1 % world)
+    out["broadcast"] = (b, comm.stats.drain()[-1])
+    g = comm.all_gather(torch.full((3,), rank, dtype=torch.int64))
+    out["all_gather"] = (g, comm.stats.drain()[-1])
+    rs = comm.reduce_scatter(torch.ones(world * 2, dtype=torch.float32) * rank)
+    out["reduce_scatter"] = (rs, comm.stats.drain()[-1])
+    with comm.reduction():
+        comm.all_reduce(torch.ones(4))
+        comm.all_reduce(torch.ones(4))
+    out["counters"] = comm.stats.totals()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_dense_collectives_values_and_standard_costs(world):
+    n = 10  # not divisible by 4: exercises uneven ring chunks
+    results = run_distributed(_collectives, world, args=(n,))
+    total = sum(r + 1 for r in range(world))
+    for rank, out in enumerate(results):
+        x, rec = out["all_reduce"]
+        assert torch.equal(x, torch.arange(n, dtype=torch.float32) * total)
+        c = ring_chunks(n, world)
+        assert rec.elements_sent == 2 * n - c[(rank + 1) % world] - c[(rank + 2) % world]
+        assert rec.elements_recv == 2 * n - c[rank] - c[(rank + 1) % world]
+        assert rec.bytes_sent == 4 * rec.elements_sent and rec.scope == "global"
+        y, _ = out["avg"]
+        assert torch.allclose(y, torch.full((n,), (world - 1) / 2))
+        b, rec = out["broadcast"]
+        src = 1 % world
+        assert torch.equal(b, torch.full((n,), float(src), dtype=torch.float64))
+        assert rec.elements_recv == (0 if rank == src else n)
+        assert rec.elements_sent == (0 if rank == (src - 1) % world else n)
+        assert rec.bytes_recv == 8 * rec.elements_recv
+        g, rec = out["all_gather"]
+        assert torch.equal(g, torch.arange(world).unsqueeze(1).expand(world, 3))
+        assert rec.elements_sent == rec.elements_recv == 3 * (world - 1)
+        rs, rec = out["reduce_scatter"]
+        assert torch.equal(rs, torch.full((2,), float(sum(range(world)))))
+        assert rec.elements_sent == rec.elements_recv == 2 * (world - 1)
+        counters = out["counters"]
+        assert counters["reductions_global"] == 1
+        assert counters["collectives_global"] == 7
+    # Conservation: what all ranks send, all ranks receive.
+    for key in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        assert sum(o[key][1].elements_sent for o in results) == sum(o[key][1].elements_recv for o in results)
+
+
+def test_ring_allreduce_cost_divisible_equals_textbook():
+    for p in (2, 3, 4, 8):
+        n = 24 * p
+        for i in range(p):
+            assert ring_allreduce_cost(n, p, i) == (2 * n * (p - 1) // p, 2 * n * (p - 1) // p)
+    assert ring_allreduce_cost(100, 1, 0) == (0, 0)
+
+
+def _variable(rank, world):
+    comm = Communicator()
+    # Rank r sends (r + j) % 3 rows of width 2 to rank j (zeros included); each row names its route.
+    counts = [(rank + j) % 3 for j in range(world)]
+    rows = [torch.tensor([rank * 100 + j, i], dtype=torch.int64) for j in range(world) for i in range(counts[j])]
+    payload = torch.stack(rows) if rows else torch.empty((0, 2), dtype=torch.int64)
+    received, recv_counts = comm.all_to_all_single(payload, counts)
+    calls = comm.stats.drain()
+    # allgatherv with uneven and empty contributions; int indices above 2^24 survive.
+    mine = torch.arange(rank, dtype=torch.int64) + 2**24 + 1 + rank * 10
+    gathered = comm.all_gatherv(mine)
+    gcalls = comm.stats.drain()
+    return received, recv_counts, calls, gathered, gcalls
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_uneven_all_to_all_and_allgatherv_are_exact(world):
+    results = run_distributed(_variable, world)
+    for rank, (received, recv_counts, calls, gathered, gcalls) in enumerate(results):
+        expected_counts = [(src + rank) % 3 for src in range(world)]
+        assert recv_counts == expected_counts
+        expected = [[src * 100 + rank, i] for src in range(world) for i in range(expected_counts[src])]
+        assert received.tolist() == expected
+        counts_call, data_call = calls
+        assert counts_call.op == "all_to_all_counts" and counts_call.elements_sent == world - 1
+        sent_rows = sum((rank + j) % 3 for j in range(world)) - (rank + rank) % 3
+        assert data_call.elements_sent == 2 * sent_rows
+        assert data_call.elements_recv == 2 * (sum(expected_counts) - expected_counts[rank])
+        assert [g.tolist() for g in gathered] == [
+            (torch.arange(r) + 2**24 + 1 + r * 10).tolist() for r in range(world)]
+        assert gathered[0].numel() == 0 and gathered[0].dtype == torch.int64
+        size_call, gather_call = gcalls
+        assert size_call.op == "all_gatherv_counts" and gather_call.op == "all_gatherv"
+        assert gather_call.elements_sent == rank * (world - 1)
+        assert gather_call.elements_recv == sum(range(world)) - rank
+        assert gather_call.bytes_sent == 8 * gather_call.elements_sent
+
+
+def _p2p(rank, world):
+    comm = Communicator()
+    t = torch.full((5,), float(rank))
+    if rank == 0:
+        comm.send(t, dst=1)
+    elif rank == 1:
+        comm.recv(t, src=0)
+    return t, comm.stats.totals()
+
+
+def test_send_recv_counts():
+    (t0, c0), (t1, c1) = run_distributed(_p2p, 2)
+    assert torch.equal(t1, torch.zeros(5))
+    assert c0["bytes_sent"] == 20 and c0["bytes_recv"] == 0
+    assert c1["bytes_recv"] == 20 and c1["bytes_sent"] == 0
+
+
+def _subgroup(rank, world):
+    import torch.distributed as dist
+
+    from commlab.core.runtime import node_groups
+
+    comm = Communicator()
+    group, index = node_groups(2, world)
+    local = comm.subgroup(group)
+    x = torch.tensor([float(rank)])
+    with local.reduction():
+        local.all_reduce(x, op="avg")
+    assert dist.get_world_size(group) == 2
+    return x.item(), index, comm.stats.totals()
+
+
+def test_subgroup_is_local_scope():
+    results = run_distributed(_subgroup, 4)
+    for rank, (value, index, totals) in enumerate(results):
+        assert index == rank // 2
+        assert value == pytest.approx((2 * index + 2 * index + 1) / 2)
+        assert totals["reductions_local"] == 1 and totals["reductions_global"] == 0
+        assert totals["collectives_local"] == 1 and totals["collectives_global"] == 0
