@@ -3,7 +3,12 @@
 Every rank writes its own file (algorithm state such as residuals differs per rank) into
 ``<dir>/step_<N>/``; after a barrier rank 0 atomically replaces ``<dir>/latest.json``, which names
 the complete step folder, and removes older ones. A kill before ``latest.json`` moves leaves the
-previous checkpoint in force; a half-written file is never named by it.
+previous checkpoint in force; a half-written file is never named by it. Files are fsync'ed
+before they are renamed, so a node crash cannot leave ``latest.json`` naming data still in a page
+cache. With several nodes, ``<dir>`` must be on a file system every node sees.
+
+What goes into ``state`` is the loop's business (see :mod:`commlab.train`): model, optimizer,
+algorithm state, communication counters, RNG states, data position, MLflow run id.
 """
 
 from __future__ import annotations
@@ -17,9 +22,18 @@ import torch
 import torch.distributed as dist
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _atomic_save(obj, path: Path) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     torch.save(obj, tmp)
+    _fsync(tmp)
     os.replace(tmp, path)
 
 
@@ -33,6 +47,7 @@ def save_checkpoint(folder: str | Path, step: int, rank: int, world_size: int, s
     if rank == 0:
         tmp = folder / "latest.json.tmp"
         tmp.write_text(json.dumps({"step": step, "world_size": world_size, "dir": step_dir.name}))
+        _fsync(tmp)
         os.replace(tmp, folder / "latest.json")
         for old in folder.glob("step_*"):
             if old != step_dir:

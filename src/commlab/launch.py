@@ -1,24 +1,41 @@
 """Launch one experiment on its workers: the command Snakemake runs for every grid cell.
 
     python -m commlab launch --config results/p/name/seed0/config.yaml --sentinel .../sentinel.json
+    python -m commlab launch --config run.yaml --network-mbit 1000     # emulated 1 Gbit/s links
 
 * one node: ``torchrun --standalone`` with ``workers`` processes (a free rendezvous port is picked,
   so parallel jobs never collide);
 * several nodes (``nodes > 1``, inside a SLURM allocation): ``srun`` starts one torchrun per node,
   which meet through c10d rendezvous at the first node of the allocation;
-* ``max_restarts > 0`` lets torchrun restart failed workers, which resume from the last checkpoint.
+* ``max_restarts > 0`` lets torchrun restart failed workers, which resume from the last checkpoint;
+* emulated network (config ``network: {bandwidth_mbit: ..., latency_ms: ...}`` or ``--network-mbit``,
+  spec 8 part 1): :mod:`commlab.netem` builds one namespace per worker with shaped links, and each
+  worker starts directly inside its namespace (``ip netns exec <ns> python -m commlab train ...``)
+  with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT/GLOO_SOCKET_IFNAME set. This module then
+  supervises them as torchrun does: one worker failing stops the others and the launch exits
+  non-zero naming the rank; SIGTERM/SIGINT are forwarded (workers checkpoint and exit 143); the
+  namespaces are always torn down. The measured link throughput reaches the workers as JSON in
+  ``COMMLAB_NETWORK_JSON`` so that rank 0 logs it as MLflow params.
 
 The config is validated here first, so a bad key fails before any worker starts.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 
 from commlab.config import ConfigError, load_config
+
+NETWORK_ENV = "COMMLAB_NETWORK_JSON"  # the emulated network's params, for rank 0 to log
+MASTER_PORT = 29500  # each emulated run has private namespaces: a fixed port cannot collide
 
 
 def slurm_first_host() -> str:
@@ -31,11 +48,15 @@ def slurm_first_host() -> str:
     return out[0]
 
 
+def train_argv(config_path: str, sentinel: str | None) -> list[str]:
+    """``-m commlab train`` arguments of one worker."""
+    train = ["-m", "commlab", "train", "--config", config_path]
+    return train + (["--sentinel", sentinel] if sentinel else [])
+
+
 def torchrun_command(config: dict, config_path: str, sentinel: str | None) -> list[str]:
     """The command line that starts this run's workers (without srun)."""
-    train = ["-m", "commlab", "train", "--config", config_path]
-    if sentinel:
-        train += ["--sentinel", sentinel]
+    train = train_argv(config_path, sentinel)
     restarts = [f"--max-restarts={config.get('max_restarts', 0)}"]
     if config.get("nodes", 1) == 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
@@ -46,12 +67,156 @@ def torchrun_command(config: dict, config_path: str, sentinel: str | None) -> li
             f"--rdzv-endpoint={slurm_first_host()}:29500", f"--rdzv-id={job}", *restarts, *train]
 
 
-def launch(config_path: str, sentinel: str | None = None) -> int:
+# ---------------------------------------------------------------------- worker supervision
+def start_workers(argv: list[str], world_size: int, env: Callable[[int], dict],
+                  prefix: Callable[[int], list[str]] = lambda rank: [], log: str | None = None) -> list[subprocess.Popen]:
+    """Start ``world_size`` processes ``prefix(rank) + [python, *argv]`` with ``env(rank)`` added;
+    their output goes to ``log`` (appended) when given, else to this process's output."""
+    procs = []
+    out = open(log, "ab") if log else None  # noqa: SIM115 - the children hold it; closed below
+    try:
+        for rank in range(world_size):
+            rank_env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", **env(rank)}
+            procs.append(subprocess.Popen(prefix(rank) + [sys.executable, *argv], env=rank_env, stdout=out,
+                                          stderr=subprocess.STDOUT if out else None))
+    except BaseException:
+        stop_workers(procs, 0.0)
+        raise
+    finally:
+        if out:
+            out.close()
+    return procs
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode  # killed by signal s -> 128 + s
+
+
+def stop_workers(procs: list[subprocess.Popen], grace_s: float, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to the live workers, wait up to ``grace_s``, then SIGKILL the rest."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(sig)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+
+
+def supervise(procs: list[subprocess.Popen], fail_grace_s: float = 5.0, signal_grace_s: float = 30.0,
+              poll_s: float = 0.1) -> int:
+    """Wait for the workers like torchrun: 0 when all succeed; the first failure stops the others.
+
+    On SIGTERM/SIGINT (:class:`commlab.netem.Terminated` or KeyboardInterrupt) the signal is
+    forwarded so that the workers checkpoint, they get ``signal_grace_s`` to exit, and the
+    exception propagates. A failed worker's peers are blocked in a collective and ignore SIGTERM
+    until their next control point, so they get only ``fail_grace_s``."""
+    from commlab.netem import Terminated
+
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
+            if failed:
+                rank, code = failed[0]
+                print(f"[commlab launch] worker rank {rank} failed (exit code {_exit_code(code)}); "
+                      f"stopping the other workers", file=sys.stderr, flush=True)
+                stop_workers(procs, fail_grace_s)
+                return _exit_code(code)
+            if all(c == 0 for c in codes):
+                return 0
+            time.sleep(poll_s)
+    except (Terminated, KeyboardInterrupt) as err:
+        sig = err.signum if isinstance(err, Terminated) else signal.SIGINT
+        print(f"[commlab launch] {signal.Signals(sig).name}: forwarding to the workers", file=sys.stderr, flush=True)
+        stop_workers(procs, signal_grace_s, sig)
+        raise
+
+
+def run_in_network(net, argv: list[str], extra_env: dict | None = None, log: str | None = None,
+                   **supervise_kw) -> int:
+    """Run one worker per namespace of ``net`` (an up :class:`~commlab.netem.EmulatedNetwork`)."""
+    extra_env = dict(extra_env or {})
+    extra_env.setdefault(NETWORK_ENV, json.dumps(net.params, sort_keys=True))
+    procs = start_workers(argv, net.world_size,
+                          env=lambda rank: {**net.env(rank), "MASTER_PORT": str(MASTER_PORT), **extra_env},
+                          prefix=net.exec_prefix, log=log)
+    return supervise(procs, **supervise_kw)
+
+
+def run_on_loopback(argv: list[str], world_size: int, extra_env: dict | None = None, log: str | None = None,
+                    **supervise_kw) -> int:
+    """The same supervision without emulation (workers on 127.0.0.1), for side-by-side measurements."""
+    from commlab.core.runtime import free_port
+
+    port = str(free_port())
+    procs = start_workers(argv, world_size, log=log,
+                          env=lambda rank: {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **(extra_env or {})})
+    return supervise(procs, **supervise_kw)
+
+
+# ---------------------------------------------------------------------- the launch command
+def network_section(config: dict, mbit: float | None = None, latency_ms: float | None = None) -> dict | None:
+    """The config's ``network`` section with command-line overrides applied."""
+    section = dict(config.get("network") or {})
+    if mbit is not None:
+        section["bandwidth_mbit"] = mbit
+    if latency_ms is not None:
+        section["latency_ms"] = latency_ms
+    return section or None
+
+
+def launch_emulated(config: dict, config_path: str, sentinel: str | None, section: dict) -> int:
+    """Start the workers in an emulated network; always tear it down."""
+    from commlab.netem import EmulatedNetwork, NetemError, NetworkSpec, Terminated
+
+    try:
+        spec = NetworkSpec.from_config(section)
+    except (TypeError, ValueError) as err:
+        print(f"commlab launch: {err}", file=sys.stderr)
+        return 2
+    if config.get("nodes", 1) > 1:
+        print("commlab launch: network emulation runs on one node; set nodes: 1", file=sys.stderr)
+        return 2
+    net = EmulatedNetwork(config["workers"], spec)
+    try:
+        try:
+            params = net.up()
+        except NetemError as err:
+            print(f"commlab launch: {err}", file=sys.stderr)
+            return 2
+        print(f"[commlab launch] emulated network {net.run_id}: " + ", ".join(
+            f"{k.removeprefix('network_')}={v}" for k, v in params.items()), flush=True)
+        rc = 1
+        for attempt in range(config.get("max_restarts", 0) + 1):
+            if attempt:
+                print(f"[commlab launch] restart {attempt}: workers resume from the last checkpoint", flush=True)
+            rc = run_in_network(net, train_argv(config_path, sentinel))
+            if rc == 0:
+                break
+        return rc
+    except Terminated as err:
+        return 128 + err.signum
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    finally:
+        net.down()
+
+
+def launch(config_path: str, sentinel: str | None = None, network_mbit: float | None = None,
+           latency_ms: float | None = None) -> int:
     try:
         config = load_config(config_path)
     except ConfigError as err:
         print(f"commlab launch: {err}", file=sys.stderr)
         return 2
+    section = network_section(config, network_mbit, latency_ms)
+    if section:
+        return launch_emulated(config, config_path, sentinel, section)
     cmd = torchrun_command(config, config_path, sentinel)
     if config.get("nodes", 1) > 1:
         if shutil.which("srun") is None:
@@ -60,3 +225,25 @@ def launch(config_path: str, sentinel: str | None = None) -> int:
         cmd = ["srun", f"--nodes={config['nodes']}", "--ntasks-per-node=1", *cmd]
     print("[commlab launch] " + " ".join(cmd), flush=True)
     return subprocess.call(cmd)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``launch`` options (shared by ``commlab launch`` and ``python -m commlab.launch``)."""
+    parser.add_argument("--config", required=True, help="run config YAML")
+    parser.add_argument("--sentinel", help="run record JSON written by rank 0 at the end")
+    parser.add_argument("--network-mbit", type=float, metavar="MBIT",
+                        help="emulate per-worker links of this bandwidth (needs root and iproute2); "
+                             "overrides network.bandwidth_mbit")
+    parser.add_argument("--latency-ms", type=float, metavar="MS",
+                        help="one-way latency to emulate (needs sch_netem); overrides network.latency_ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m commlab.launch", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return launch(args.config, args.sentinel, args.network_mbit, args.latency_ms)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

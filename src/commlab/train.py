@@ -11,6 +11,12 @@ alone logs to MLflow and prints progress. Every ``train.log_every`` steps one sm
 allreduce (outside the Communicator's accounting: it is instrumentation, not the method's traffic)
 averages the loss, spreads a SIGTERM to every rank so all checkpoint at the same step, and stops
 the run on a non-finite loss anywhere.
+
+Resume and faults (docs/cluster.md): a checkpoint at every epoch end (and on SIGTERM) holds the
+model, optimizer, algorithm state, communication counters, RNG states, data position, running
+sums and the MLflow run id, per rank; launching the same config again continues from it, logging
+to the same run, and ends with the parameters and metrics of an uninterrupted run. SIGTERM/SIGINT
+exits with 143 (preempted, resumable) and marks the run KILLED; an error marks it FAILED.
 """
 
 from __future__ import annotations
@@ -19,12 +25,11 @@ import copy
 import json
 import math
 import os
-import random
-import signal
+import sys
 import time
+from datetime import timedelta
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -37,35 +42,22 @@ from commlab.data import load_dataset, shard_indices
 from commlab.models import build_model
 from commlab.optim import lr_at, set_lr
 from commlab.registry import ALGORITHMS
+from commlab.runstate import (
+    EXIT_PREEMPTED,
+    Preempted,
+    Progress,
+    StopSignal,
+    check_fingerprint,
+    fingerprint,
+    rng_state,
+    set_rng_state,
+)
 
-EXIT_PREEMPTED = 143  # 128 + SIGTERM: checkpointed, not finished; re-running resumes
+__all__ = ["EXIT_PREEMPTED", "train", "output_dir"]
 
 
 class NonFiniteLoss(RuntimeError):
     pass
-
-
-class Preempted(Exception):
-    pass
-
-
-class StopSignal:
-    """Remembers a SIGTERM/SIGINT until the next control point, where all ranks agree to stop."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-
-    def install(self) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame) -> None:
-        self.requested = True
-
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
 
 
 def output_dir(config: dict) -> Path:
@@ -103,18 +95,9 @@ def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     return out
 
 
-def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-
-
 def train(config: dict, sentinel: str | Path | None = None) -> dict:
-    """Run one experiment; return the final metrics (on every rank)."""
+    """Run one experiment; return the final metrics (on every rank). A SIGTERM/SIGINT ends it
+    with a checkpoint and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
     rt = init_runtime(config["backend"], config["timeout_s"])
     stop = StopSignal()
     stop.install()
@@ -124,6 +107,10 @@ def train(config: dict, sentinel: str | Path | None = None) -> dict:
         return _run(config, rt, stop, sentinel)
     except Preempted:
         raise SystemExit(EXIT_PREEMPTED) from None
+    except dist.DistError as err:
+        print(f"[commlab] rank {rt.rank}: a collective failed ({str(err).splitlines()[0][:200]}); a peer "
+              f"died or stalled for more than timeout_s={config['timeout_s']} s", file=sys.stderr, flush=True)
+        raise
     finally:
         stop.uninstall()
         shutdown_runtime()
@@ -144,6 +131,9 @@ def _run(config: dict, rt, stop: StopSignal, sentinel) -> dict:
         test_x, test_y = test_x[: tcfg["test_subset"]], test_y[: tcfg["test_subset"]]
     batch = tcfg["batch_size"]
     steps_per_epoch = len(train_y) // (rt.world_size * batch)
+    if steps_per_epoch == 0:  # before anything is recorded: more workers than samples
+        raise ValueError(f"{len(train_y)} training samples of {config['dataset']!r} cannot fill one step of "
+                         f"{rt.world_size} workers x batch {batch}; lower workers or train.batch_size")
     total_steps = steps_per_epoch * tcfg["epochs"]
     if tcfg.get("max_steps"):
         total_steps = min(total_steps, tcfg["max_steps"])
@@ -161,60 +151,78 @@ def _run(config: dict, rt, stop: StopSignal, sentinel) -> dict:
     optimizer = algo.optimizer = algo.build_optimizer()
     algo.setup()
 
-    # ---- resume --------------------------------------------------------------------------------
-    step, epoch, pos, run_id, wall_offset = 0, 0, 0, None, 0.0
+    # ---- resume: everything a step depends on comes back from this rank's checkpoint -----------
+    p = Progress()
     state = load_checkpoint(ckpt_dir, rt.rank, rt.world_size)
     if state is not None:
+        check_fingerprint(state.get("fingerprint"), config, str(ckpt_dir))
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         algo.load_state_dict(state["algorithm"])
         comm.stats.load_state_dict(state["stats"])
         set_rng_state(state["rng"])
         aug_gen.set_state(state["aug_rng"])
-        step, epoch, pos = state["step"], state["epoch"], state["pos"]
-        run_id, wall_offset = state.get("run_id"), state.get("wall_seconds", 0.0)
+        p = Progress.from_state(state["progress"])
+        if p.done and p.step != total_steps:
+            raise ValueError(f"the run in {out} finished after {p.step} steps but the config now asks for "
+                             f"{total_steps}; use another output_dir for a longer run")
 
-    tracker = None
-    if rt.is_main and config["tracking"].get("enabled", True):
-        from commlab.tracking import RunTracker, git_commit
+    if config["tracking"].get("enabled", True) and rt.world_size > 1:
+        # Every rank learns the run id, so that rank 1 can mark the run FAILED if rank 0 dies. The
+        # others wait for rank 0's MLflow set-up on a group of their own with a generous timeout:
+        # a slow tracking server is not a dead peer.
+        waiting = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(600.0, config["timeout_s"])))
+        tracker = _open_tracker(config, rt, data, p.run_id)
+        box = [tracker.run_id if tracker else None]
+        dist.broadcast_object_list(box, src=0, group=waiting)
+        p.run_id = box[0]
+    else:
+        tracker = _open_tracker(config, rt, data, p.run_id)
 
-        tags = {"paper": config["paper"], "method": config["method"],
-                "name": config.get("name") or config["method"], "seed": str(config["seed"]),
-                "workers": str(rt.world_size), "backend": rt.backend, "git_commit": git_commit(),
-                "data_hash": str(data.meta.get("content_hash")), "model": config["model"],
-                "dataset": config["dataset"]}
-        tracker = RunTracker(config, tags, run_id=run_id)
-        run_id = tracker.run_id
+    t_start = time.perf_counter()
 
     def checkpoint() -> None:
-        save_checkpoint(ckpt_dir, step, rt.rank, rt.world_size, {
+        save_checkpoint(ckpt_dir, p.step, rt.rank, rt.world_size, {
             "model": model.state_dict(), "optimizer": optimizer.state_dict(),
             "algorithm": algo.state_dict(), "stats": comm.stats.state_dict(), "rng": rng_state(),
-            "aug_rng": aug_gen.get_state(), "step": step, "epoch": epoch, "pos": pos,
-            "run_id": run_id, "wall_seconds": wall_offset + time.perf_counter() - t_start,
+            "aug_rng": aug_gen.get_state(), "fingerprint": fingerprint(config),
+            "progress": {**p.state_dict(), "wall_s": p.wall_s + time.perf_counter() - t_start},
         })
+
+    def end_epoch() -> None:
+        p.epoch, p.pos = p.epoch + 1, 0
+        test_loss, test_acc = _evaluate_on_main(algo, data, test_x, test_y, tcfg, rt)
+        p.final.update(test_loss=test_loss, test_accuracy=test_acc, epoch=p.epoch)
+        if tracker:
+            tracker.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, p.step)
+            tracker.flush()
+        every = tcfg.get("checkpoint_every_epochs", 1)
+        if every and p.epoch % every == 0 and p.step < total_steps:
+            checkpoint()
 
     # ---- the loop ------------------------------------------------------------------------------
     log_every = tcfg["log_every"]
-    golden: list[dict] = []
-    window_loss, window_n, compute_s = 0.0, 0, 0.0
-    final: dict = {}
-    t_start = time.perf_counter()
-    bar = tqdm(total=total_steps, initial=step, disable=not rt.is_main, desc=config.get("name") or config["method"],
+    delay = float(os.environ.get("COMMLAB_STEP_DELAY_S", 0))  # fault tests: time to signal mid-epoch
+    bar = tqdm(total=total_steps, initial=p.step, disable=not rt.is_main, desc=config.get("name") or config["method"],
                unit="step", dynamic_ncols=True, mininterval=2.0)
     status = "FAILED"
     try:
-        while step < total_steps:
-            batches = shard_indices(len(train_y), rt.world_size, rt.rank, batch, epoch, config["seed"])
-            while pos < len(batches) and step < total_steps:
-                idx = batches[pos]
+        # A checkpoint taken on SIGTERM at an epoch's last step resumes with pos == steps_per_epoch:
+        # the epoch's evaluation is still due.
+        while p.step < total_steps or p.pos == steps_per_epoch:
+            if p.pos == steps_per_epoch:
+                end_epoch()
+                continue
+            batches = shard_indices(len(train_y), rt.world_size, rt.rank, batch, p.epoch, config["seed"])
+            while p.pos < steps_per_epoch and p.step < total_steps:
+                idx = batches[p.pos]
                 xb = train_x[idx]
                 if spec.augment:
                     xb = augment(xb, aug_gen)
                 xb, yb = data.normalise(xb).to(rt.device), train_y[idx].to(rt.device)
-                lr = lr_at(step, steps_per_epoch, total_steps, tcfg)
+                lr = lr_at(p.step, steps_per_epoch, total_steps, tcfg)
                 set_lr(optimizer, lr)
-                info = StepInfo(step, epoch, lr)
+                info = StepInfo(p.step, p.epoch, lr)
 
                 t0, comm0 = time.perf_counter(), comm.stats.counters["comm_seconds"]
                 optimizer.zero_grad(set_to_none=False)
@@ -225,67 +233,87 @@ def _run(config: dict, rt, stop: StopSignal, sentinel) -> dict:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg["grad_clip"])
                 optimizer.step()
                 algo.after_step(info)
-                compute_s += (time.perf_counter() - t0) - (comm.stats.counters["comm_seconds"] - comm0)
+                p.compute_s += (time.perf_counter() - t0) - (comm.stats.counters["comm_seconds"] - comm0)
 
                 loss_value = loss.item()
-                window_loss += loss_value if math.isfinite(loss_value) else float("inf")
-                window_n += 1
-                step += 1
-                pos += 1
+                p.window_loss += loss_value if math.isfinite(loss_value) else float("inf")
+                p.window_n += 1
+                p.step += 1
+                p.pos += 1
                 bar.update(1)
+                if delay:
+                    time.sleep(delay)
 
-                if step % log_every == 0 or step == total_steps:
-                    mean_loss, stop_now, bad = _control(window_loss, window_n, stop.requested, rt)
+                if p.step % log_every == 0 or p.step == total_steps:
+                    mean_loss, stop_now, bad = _control(p.window_loss, p.window_n, stop.requested, rt)
                     if bad:
                         raise NonFiniteLoss(
-                            f"non-finite training loss at step {step} (epoch {epoch}) on {bad} rank(s); "
+                            f"non-finite training loss at step {p.step} (epoch {p.epoch}) on {bad} rank(s); "
                             f"lower train.lr or enable train.grad_clip")
-                    metrics = _step_metrics(comm.stats.totals(), algo.metrics(), mean_loss, lr, step, epoch,
-                                            step * rt.world_size * batch, compute_s,
-                                            wall_offset + time.perf_counter() - t_start)
-                    final.update(metrics)
+                    metrics = _step_metrics(comm.stats.totals(), algo.metrics(), mean_loss, lr, p.step, p.epoch,
+                                            p.step * rt.world_size * batch, p.compute_s,
+                                            p.wall_s + time.perf_counter() - t_start)
+                    p.final.update(metrics)
                     if tracker:
-                        tracker.log_metrics(metrics, step)
+                        tracker.log_metrics(metrics, p.step)
                     if config.get("golden"):
-                        golden.append({"step": step, "train_loss": round(mean_loss, 6)})
+                        p.golden.append({"step": p.step, "train_loss": round(mean_loss, 6)})
                     bar.set_postfix(loss=f"{mean_loss:.4f}")
-                    window_loss, window_n = 0.0, 0
+                    p.window_loss, p.window_n = 0.0, 0
                     if stop_now:
                         if tracker:
                             tracker.flush()
                         checkpoint()
                         status = "KILLED"
                         raise Preempted()
-
-            if pos >= len(batches):  # epoch complete
-                epoch, pos = epoch + 1, 0
+        if not p.done:
+            algo.finish()
+            if p.pos != 0 or "test_accuracy" not in p.final:  # stopped by max_steps mid-epoch
                 test_loss, test_acc = _evaluate_on_main(algo, data, test_x, test_y, tcfg, rt)
-                final.update(test_loss=test_loss, test_accuracy=test_acc, epoch=epoch)
+                p.final.update(test_loss=test_loss, test_accuracy=test_acc)
                 if tracker:
-                    tracker.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, step)
-                    tracker.flush()
-                every = tcfg.get("checkpoint_every_epochs", 1)
-                if every and epoch % every == 0 and step < total_steps:
-                    checkpoint()
-        algo.finish()
-        if "test_accuracy" not in final or pos != 0:  # stopped by max_steps mid-epoch
-            test_loss, test_acc = _evaluate_on_main(algo, data, test_x, test_y, tcfg, rt)
-            final.update(test_loss=test_loss, test_accuracy=test_acc)
-            if tracker:
-                tracker.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, step)
+                    tracker.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, p.step)
+            p.done = True
+            checkpoint()
         bar.close()
-        checkpoint()
         status = "FINISHED"
         if rt.is_main:
-            _write_outputs(config, out, sentinel, tracker, final, golden, data, ckpt_dir)
-        return final
+            _write_outputs(config, out, sentinel, tracker, p.final, p.golden, data, ckpt_dir)
+        return p.final
     finally:
         bar.close()
+        _close_run(tracker, status, p.run_id, rt, config)
+
+
+def _open_tracker(config: dict, rt, data, run_id: str | None):
+    """Rank 0's MLflow run: the checkpoint's run reopened, or a new one."""
+    if not rt.is_main or not config["tracking"].get("enabled", True):
+        return None
+    from commlab.tracking import RunTracker, git_commit
+
+    tags = {"paper": config["paper"], "method": config["method"],
+            "name": config.get("name") or config["method"], "seed": str(config["seed"]),
+            "workers": str(rt.world_size), "backend": rt.backend, "git_commit": git_commit(),
+            "data_hash": str(data.meta.get("content_hash")), "model": config["model"],
+            "dataset": config["dataset"]}
+    return RunTracker(config, tags, run_id=run_id)
+
+
+def _close_run(tracker, status: str, run_id: str | None, rt, config: dict) -> None:
+    """Set the run's final status; never masks the error that ended the run.
+
+    Rank 0 marks its run. When rank 0 died, nobody else would: rank 1 marks a failed run FAILED
+    too (a no-op when rank 0 already did)."""
+    try:
         if tracker:
-            try:
-                tracker.finish(status)
-            except Exception as err:  # noqa: BLE001 - never mask the original error
-                print(f"[commlab] could not mark the MLflow run {status}: {err}", flush=True)
+            tracker.finish(status)
+        elif status == "FAILED" and rt.rank == 1 and run_id:
+            from commlab.tracking import mark_failed
+
+            mark_failed(run_id, config["tracking"].get("uri"))
+    except Exception as err:  # noqa: BLE001 - never mask the original error
+        print(f"[commlab] rank {rt.rank}: could not mark the MLflow run {run_id} {status}: {err}",
+              file=sys.stderr, flush=True)
 
 
 def _control(window_loss: float, window_n: int, stop_requested: bool, rt) -> tuple[float, bool, int]:

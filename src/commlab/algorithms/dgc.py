@@ -1,0 +1,36 @@
+"""DGC-style top-k with momentum correction: the baseline that isolates RedSync's selectors
+(PAPERS.md section 4, "Baseline dgc").
+
+Deep Gradient Compression (Lin et al., ICLR 2018) as RedSync builds on it: momentum correction,
+residual accumulation, momentum factor masking, local gradient clipping and density warm-up,
+with an **exact top-k** (``torch.topk``) on every compressed layer, whatever its size. Everything
+else (the variable-length allgather with integer indices, scatter-add / P, dense tiny layers,
+plain SGD step, Nesterov as ``v += m*u + g``) is :class:`~commlab.algorithms.redsync.RedSync`'s
+code, so a ``redsync`` vs ``dgc`` comparison differs only in how the k entries are found:
+selection time (``selection_seconds``, ``algo_select_ms_*``) and the binary search's count
+(between k/2 and 2k instead of exactly k).
+
+Launch::
+
+    torchrun --standalone --nproc-per-node 4 -m commlab train --config run.yaml method=dgc \\
+        method_params.density=0.001
+"""
+
+from __future__ import annotations
+
+from commlab.algorithms.redsync import CompressionOptions, RedSync
+from commlab.registry import ALGORITHMS
+
+
+@ALGORITHMS.register("dgc")
+class DGC(RedSync):
+    """RedSync with exact top-k on every compressed layer and no quantised variant."""
+
+    Options = CompressionOptions
+
+    def selector_for(self, n: int) -> str | None:
+        return None if n <= self.options.dense_at_most else "exact_topk"
+
+    @property
+    def quantized(self) -> bool:
+        return False

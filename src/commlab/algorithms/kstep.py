@@ -1,0 +1,237 @@
+"""K-step averaging, local reductions and reduction momentum (PAPERS.md section 1).
+
+Cong, Yang, Zhou, "Reducing global reductions in large-scale distributed training", ICPP 2019
+Workshops; lineage K-AVG (Zhou & Cong, IJCAI 2018). No public code exists: what follows is our
+reading (a reconstruction), and every choice in it is an option, logged with the run.
+
+Two methods:
+
+* ``kstep``: every worker takes local optimizer steps (the run's ``train.optimizer``: SGD,
+  momentum SGD or Adam) and every ``k`` steps the models are averaged over the world (one global
+  reduction). ``k = 1`` is synchronous model averaging.
+* ``kstep_hier``: workers form consecutive groups of ``group_size`` (one group per node by
+  default); every ``k_local`` steps the model is averaged inside the group (a local reduction),
+  every ``k_global = H * k_local`` steps over the world (a global reduction, which replaces the
+  local one due at the same step, as torch's HierarchicalModelAverager does).
+
+Both take optional **reduction momentum** (block momentum ``momentum`` = mu on the global update,
+plain or Nesterov; formulas in :mod:`commlab.algorithms.averaging`), ``warmup_steps`` synchronous
+steps first (gradients allreduced every step, one global reduction each, as post-local SGD does),
+and explicit policies for what else a reduction averages: the optimizer state
+(``average_optimizer_state``) and the BN running statistics (``buffers``; averaging only the
+weights leaves each worker its own statistics, which costs accuracy with BN nets).
+
+Reconstructed choices and where they may deviate from the paper:
+
+* ``phase``: ``last`` (default) reduces after the K-th local step of a period, K-AVG's count
+  (T/K reductions in T steps); ``first`` reduces after the first step of each period, torch's
+  averagers' convention (with ``momentum = 0``, ``warmup_steps = 0`` and no final reduction our
+  ``kstep`` then equals PeriodicModelAverager and ``kstep_hier`` HierarchicalModelAverager step for
+  step; with a
+  warm-up, kstep still equals PeriodicModelAverager after DDP-style warm-up, and kstep_hier does
+  when ``warmup_steps`` is a multiple of ``k_global``, since torch's hierarchy counts periods from
+  step 0, ours from the end of the warm-up).
+* ``final_reduction``: the last step of the run ends with a global reduction (counted) unless one
+  is due anyway, so the trained model is a single model, as K-AVG's output is the average.
+* ``evaluate``: ``rank0`` (default) scores rank 0's replica at every evaluation, the model that
+  exists at that step; ``average`` scores the world average of the replicas, the model one more
+  global reduction would give, whose averaging traffic is evaluation and is not counted (so its
+  accuracies between reductions come one uncounted reduction early).
+* Reduction momentum acts on global reductions only; local reductions are plain averages.
+* A group of the whole world makes every local reduction a global one (counted as global); a
+  group of one worker makes them no-ops.
+
+Launch (6 CPU workers): ``torchrun --standalone --nproc-per-node 6 -m commlab train
+--config run.yaml method=kstep_hier method_params.group_size=2 method_params.k_local=4
+method_params.k_global=32 method_params.momentum=0.5``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from commlab.algorithms.averaging import (
+    PHASES,
+    POLICIES,
+    ReductionMomentum,
+    average_replicas,
+    averaged_copy,
+    is_due,
+    sync_tensors,
+)
+from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.ssgd import allreduce_gradients, grad_buckets
+from commlab.core.communicator import Communicator
+from commlab.core.runtime import node_groups
+from commlab.registry import ALGORITHMS
+
+EVALUATE = ("average", "rank0")
+
+
+@dataclass
+class AveragingOptions:
+    """Options shared by ``kstep`` and ``kstep_hier``."""
+
+    momentum: float = 0.0  # block momentum mu on the global update; 0 = plain averaging
+    nesterov: bool = False  # Nesterov block momentum: workers restart from anchor + mu * v
+    block_lr: float = 1.0  # zeta, BMUF's block learning rate on the averaged displacement
+    warmup_steps: int = 0  # synchronous steps first (gradient allreduce every step)
+    phase: str = "last"  # last: reduce after a period's K-th step (K-AVG); first: after its 1st (torch)
+    average_optimizer_state: str = "keep_local"  # keep_local | average (momentum buffer, Adam moments)
+    buffers: str = "average"  # average | keep_local: BN running statistics at a reduction
+    final_reduction: bool = True  # a global reduction after the last step (counted): the result is one model
+    evaluate: str = "rank0"  # rank0: score rank 0's replica; average: the replicas' world average (uncounted)
+
+    def validate(self) -> None:
+        if not 0.0 <= self.momentum < 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.block_lr <= 0:
+            raise ValueError(f"block_lr must be positive, got {self.block_lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.phase not in PHASES:
+            raise ValueError(f"phase must be one of {PHASES}, got {self.phase!r}")
+        if self.average_optimizer_state not in POLICIES:
+            raise ValueError(
+                f"average_optimizer_state must be one of {POLICIES}, got {self.average_optimizer_state!r}")
+        if self.buffers not in POLICIES:
+            raise ValueError(f"buffers must be one of {POLICIES}, got {self.buffers!r}")
+        if self.evaluate not in EVALUATE:
+            raise ValueError(f"evaluate must be one of {EVALUATE}, got {self.evaluate!r}")
+        if self.nesterov and self.momentum == 0:
+            raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
+
+
+class PeriodicAveraging(Algorithm):
+    """Local steps, then local and global model reductions on a schedule (see module docstring).
+
+    Subclasses define :meth:`periods` and may build a local communicator in :meth:`local_comm`."""
+
+    def periods(self) -> tuple[int, int]:
+        """(k_local, k_global) in optimizer steps."""
+        raise NotImplementedError
+
+    def local_comm(self) -> Communicator | None:
+        """The group communicator for local reductions (None: there are none)."""
+        return None
+
+    # ---- construction -----------------------------------------------------------------------
+    def setup(self) -> None:
+        super().setup()  # every replica starts from rank 0's parameters and buffers
+        o = self.options
+        self.k_local, self.k_global = self.periods()
+        self.group_comm = self.local_comm()
+        self._steps = 0
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self._buckets = grad_buckets(params, 25 * 2**20) if o.warmup_steps else []
+        self.block = None
+        if o.momentum > 0 or o.block_lr != 1.0:
+            self.block = ReductionMomentum([p.data for p in self.model.parameters()], o.momentum,
+                                           o.block_lr, o.nesterov)
+
+    # ---- the hooks ----------------------------------------------------------------------------
+    def after_backward(self, info: StepInfo) -> None:
+        if info.step < self.options.warmup_steps:
+            with self.comm.reduction():  # a synchronous step is one global reduction
+                allreduce_gradients(self._buckets, self.comm)
+
+    def after_step(self, info: StepInfo) -> None:
+        o, s = self.options, info.step
+        self._steps = s + 1
+        if s < o.warmup_steps:
+            if o.buffers == "average":
+                # Part of this step's reduction (replicas' BN statistics would drift apart).
+                average_replicas([b for b in self.model.buffers() if b.dtype.is_floating_point], self.comm)
+            if s == o.warmup_steps - 1 and self.block is not None:
+                self.block.reset_anchor()  # local steps start from here
+            return
+        last = o.final_reduction and s == self.ctx.total_steps - 1
+        if last or is_due(s, self.k_global, o.warmup_steps, o.phase):
+            self._reduce(self.comm, is_global=True)
+        elif self.group_comm is not None and is_due(s, self.k_local, o.warmup_steps, o.phase):
+            self._reduce(self.group_comm, is_global=False)
+
+    def _reduce(self, comm: Communicator, is_global: bool) -> None:
+        o = self.options
+        with comm.reduction():
+            average_replicas(sync_tensors(self.model, self.optimizer, o.buffers, o.average_optimizer_state),
+                             comm)
+        if is_global and self.block is not None:
+            self.block.apply()
+
+    # ---- evaluation, metrics, checkpoints -----------------------------------------------------
+    @property
+    def eval_model(self) -> torch.nn.Module:
+        if self.options.evaluate == "average":
+            return averaged_copy(self.model)
+        return self.model
+
+    def metrics(self) -> dict[str, float]:
+        reductions = self.comm.stats.counters["reductions_global"]
+        if not reductions:
+            return {}
+        samples = self._steps * self.comm.size * int(self.ctx.train["batch_size"])
+        return {"samples_per_global_reduction": samples / reductions}
+
+    def state_dict(self) -> dict:
+        return {"steps": self._steps, "block": self.block.state_dict() if self.block else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._steps = state.get("steps", 0)
+        if self.block is not None and state.get("block"):
+            self.block.load_state_dict(state["block"])
+
+
+@ALGORITHMS.register("kstep")
+class KStep(PeriodicAveraging):
+    """K-step averaging: a global model average every ``k`` local steps."""
+
+    @dataclass
+    class Options(AveragingOptions):
+        k: int = 16  # local steps between global reductions (1 = synchronous model averaging)
+
+        def validate(self) -> None:
+            super().validate()
+            if self.k < 1:
+                raise ValueError(f"k must be >= 1, got {self.k}")
+
+    def periods(self) -> tuple[int, int]:
+        return self.options.k, self.options.k
+
+
+@ALGORITHMS.register("kstep_hier")
+class KStepHier(PeriodicAveraging):
+    """Local reductions inside groups every ``k_local`` steps, global ones every ``k_global``."""
+
+    @dataclass
+    class Options(AveragingOptions):
+        group_size: int = 0  # workers per local group; 0 = workers per node
+        k_local: int = 4  # steps between local (group) reductions
+        k_global: int = 16  # steps between global reductions; a multiple of k_local
+
+        def validate(self) -> None:
+            super().validate()
+            if self.group_size < 0:
+                raise ValueError(f"group_size must be >= 0 (0: workers per node), got {self.group_size}")
+            if self.k_local < 1:
+                raise ValueError(f"k_local must be >= 1, got {self.k_local}")
+            if self.k_global < 1 or self.k_global % self.k_local:
+                raise ValueError(
+                    f"k_global must be a positive multiple of k_local={self.k_local}, got {self.k_global}")
+
+    def periods(self) -> tuple[int, int]:
+        return self.options.k_local, self.options.k_global
+
+    def local_comm(self) -> Communicator | None:
+        world = self.comm.size
+        size = self.options.group_size or int(self.ctx.extras.get("workers_per_node", world))
+        if size < 1 or world % size:
+            raise ValueError(f"group_size {size} must divide the world size {world}")
+        if size == 1:
+            return None  # a group of one: local reductions are no-ops
+        if size == world:
+            return self.comm  # the group is the world: its reductions are global ones
+        group, _ = node_groups(size, world)
+        return self.comm.subgroup(group)

@@ -1,0 +1,125 @@
+"""Quantised-gradient baselines of the ADPSGD comparison (PAPERS.md section 2): QSGD and fp16.
+
+``qsgd``: every step each rank quantises its flat gradient with QSGD (stochastic rounding to
+``s`` levels per bucket norm, ``bits`` per element; :mod:`commlab.compress.quantize`), then all
+ranks all-gather the packed integer codes (uint8; two 4-bit or four 2-bit codes per byte) and
+the float32 bucket norms, decode every rank's message, own included, and average them in rank
+order, so every replica applies the same gradient. Nothing is summed in the quantised domain,
+so what the Communicator records is exactly what is sent: ``(P - 1) * message_bytes(n)`` per
+rank and step (ring all-gather). Random draws come from ``rank_generator(seed, rank, stream)``.
+
+``fp16``: the dense allreduce of SSGD with the gradient pre-divided by P (as torch's
+fp16_compress_hook does, so the fp16 sum stays in range) and cast to float16 on the wire:
+half the bytes of the float32 allreduce.
+
+One step is one global reduction for both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.ssgd import grad_buckets
+from commlab.compress.quantize import NORMS, QSGDQuantizer, default_levels, from_fp16, to_fp16
+from commlab.core.runtime import rank_generator
+from commlab.registry import ALGORITHMS
+
+QSGD_STREAM = 41  # the rank generator stream reserved for QSGD's stochastic rounding
+
+
+def _flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                      for p in params])
+
+
+def _write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    offset = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        p.grad.copy_(flat[offset:offset + n].view_as(p))
+        offset += n
+
+
+@ALGORITHMS.register("qsgd")
+class QSGD(Algorithm):
+    """All-gather QSGD-quantised gradients, decode and average them every step."""
+
+    @dataclass
+    class Options:
+        bits: int = 8  # bits per element on the wire (2-8); codes in 2-, 4- or 8-bit slots
+        levels: int | None = None  # quantisation levels s; None: 2^(bits-1) - 1, the most that fit
+        bucket_size: int = 512  # elements sharing one norm (QSGD's bucket d)
+        norm: str = "l2"  # bucket norm: l2 (QSGD) or max (lower variance)
+
+        def validate(self) -> None:
+            if not 2 <= self.bits <= 8:
+                raise ValueError(f"bits must be between 2 and 8, got {self.bits}")
+            if self.levels is not None and not 1 <= self.levels <= default_levels(self.bits):
+                raise ValueError(f"levels must be between 1 and {default_levels(self.bits)} for "
+                                 f"{self.bits} bits, got {self.levels}")
+            if self.bucket_size < 1:
+                raise ValueError(f"bucket_size must be at least 1, got {self.bucket_size}")
+            if self.norm not in NORMS:
+                raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
+
+    def setup(self) -> None:
+        super().setup()
+        o = self.options
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.numel = sum(p.numel() for p in self.params)
+        self.quantizer = QSGDQuantizer(o.bits, o.levels, o.bucket_size, o.norm)
+        self.generator = rank_generator(self.ctx.seed, self.comm.rank, QSGD_STREAM)
+
+    def after_backward(self, info: StepInfo) -> None:
+        flat = _flat_grads(self.params)
+        n = flat.numel()
+        with self.comm.reduction():
+            packed, norms = self.quantizer.encode(flat, self.generator)
+            all_packed = self.comm.all_gather(packed)
+            all_norms = self.comm.all_gather(norms.to(torch.float32))
+        mean = torch.zeros(n, dtype=torch.float32, device=flat.device)
+        for r in range(self.comm.size):  # rank order: every replica sums identically
+            mean += self.quantizer.decode(all_packed[r], all_norms[r], n)
+        mean /= self.comm.size
+        _write_grads(self.params, mean.to(flat.dtype))
+
+    def metrics(self) -> dict[str, float]:
+        return {"message_bytes": float(self.quantizer.message_bytes(self.numel))}
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "generator" in state:
+            self.generator.set_state(state["generator"])
+
+
+@ALGORITHMS.register("fp16")
+class FP16(Algorithm):
+    """Dense bucketed allreduce of the gradient pre-divided by P and cast to float16."""
+
+    @dataclass
+    class Options:
+        bucket_mb: float = 25.0  # bucket size in MB of float32 gradient, as ssgd
+
+        def validate(self) -> None:
+            if self.bucket_mb <= 0:
+                raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb}")
+
+    def setup(self) -> None:
+        super().setup()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.buckets = grad_buckets(params, int(self.options.bucket_mb * 2**20))
+
+    def after_backward(self, info: StepInfo) -> None:
+        with self.comm.reduction():
+            for bucket in self.buckets:
+                flat = _flat_grads(bucket)
+                wire = to_fp16(flat / self.comm.size)
+                self.comm.all_reduce(wire, op="sum")
+                _write_grads(bucket, from_fp16(wire, flat.dtype))

@@ -1,0 +1,352 @@
+"""RedSync: residual gradient compression with momentum correction (PAPERS.md section 4).
+
+Fang, Fu, Yang, Hsieh, "RedSync: Reducing Synchronization Traffic for Distributed Deep Learning",
+arXiv 1808.04357; released as feifeibear/89757 (CNNs, Horovod). Per layer and step, on every
+worker (g: this worker's gradient of the layer, m: momentum)::
+
+    u = m*u + g                      momentum correction (the optimizer itself has no momentum)
+    v = v + u                        residual accumulation        (Nesterov: v = v + m*u + g)
+    S = select(v, k)                 k = ceil(density * n), selector chosen by layer size
+    send (S, v[S]);  u[S] = v[S] = 0 momentum factor masking
+    grad = (sum over ranks of scatter(S_j, v_j[S])) / P;   plain SGD step with it
+
+Selectors by layer size (thresholds are options): above ``binary_search_above`` (4M) the
+threshold binary search (:mod:`commlab.compress.binary_search`), above ``trimmed_topk_above``
+(1M) trimmed top-k (:mod:`commlab.compress.trimmed_topk`), else exact top-k; layers of at most
+``dense_at_most`` (1024) elements are averaged dense. All compressed layers of a step travel in
+one allgather of variable length: indices in their own integer tensor (int32 below 2^31 elements
+in all, int64 above; the release packs them into float32, which corrupts indices above 2^24) and
+values in theirs, with the counts gathered once (:func:`commlab.core.sparse.allgatherv_pairs`).
+
+Our reading, where it departs from the release:
+
+* **Nesterov as the paper means it**: ``v = v + m*u + g`` with the updated ``u`` (torch's
+  Nesterov SGD ``g + m*buf``). The release computes ``rsd.add(momentum, d_p)`` out of place and
+  drops the result, so its "Nesterov" runs are plain momentum.
+* **Dense layers keep their momentum.** A layer sent dense (tiny, or ``k >= n``, e.g. density
+  1.0) sends all of ``v`` by allreduce and is not masked: nothing is delayed, so there is no stale
+  momentum to mask, and the update equals momentum SGD on the averaged gradient exactly. (Masking
+  every entry would turn momentum SGD into plain SGD.) So ``redsync`` at density 1.0 *is*
+  momentum SGD with a dense allreduce.
+* **Weight decay** (``train.weight_decay``) is added to the gradient before compression, as torch
+  SGD adds it before its momentum: ``g = grad + wd * w``. The optimizer is plain SGD.
+* **Local gradient clipping** (``local_clip``, DGC's recipe): each worker scales its gradient so
+  that its norm over all layers is at most ``local_clip / sqrt(P)``, before weight decay and
+  compression. The loop's ``train.grad_clip`` acts on the synchronised gradient instead.
+* **Sign-and-mean quantisation** (``quantize``): of the selected entries only those of one sign
+  are sent, positive on even steps and negative on odd ones (the release alternates the same
+  way), as indices plus one mean per layer; receivers add the mean at each index. ``u`` is masked
+  at the sent indices and ``v`` keeps ``v - mean`` there: the release zeroes ``v``, which loses
+  the quantisation error; we keep it so that the residual stays conserved.
+* **Density warm-up** (``warmup``): densities 25%, 6.25%, 1.56%, 0.4%, one stage per
+  ``warmup_stage_epochs``, then ``density`` (never below it), as DGC and the release schedule it.
+* **Threshold reuse** (``reuse_every``): see :class:`commlab.compress.binary_search.BinarySearchSelector`.
+
+``dgc`` (:mod:`commlab.algorithms.dgc`) is this class with exact top-k on every compressed layer.
+
+Launch::
+
+    torchrun --standalone --nproc-per-node 4 -m commlab train --config run.yaml method=redsync \\
+        method_params.density=0.001
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import torch
+
+from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.compress.base import index_dtype, k_for_density
+from commlab.compress.binary_search import BinarySearchSelector
+from commlab.core.sparse import allgatherv_pairs
+from commlab.registry import ALGORITHMS, SELECTORS
+
+WARMUP_DENSITIES = [0.25, 0.0625, 0.015625, 0.004]  # DGC's exponential warm-up, one per stage
+
+
+@dataclass
+class CompressionOptions:
+    """Options shared by ``redsync`` and ``dgc``."""
+
+    density: float = 0.001  # k = ceil(density * n) per compressed layer (the paper's 0.1%)
+    momentum: float | None = None  # m of the momentum correction; None: the run's train.momentum
+    nesterov: bool | None = None  # Nesterov correction; None: the run's train.nesterov
+    dense_at_most: int = 1024  # layers of at most this many elements are allreduced dense
+    warmup: bool = False  # density warm-up: warmup_densities stage by stage, then density
+    warmup_densities: list[float] = field(default_factory=lambda: list(WARMUP_DENSITIES))  # per stage
+    warmup_stage_epochs: float = 1.0  # epochs per warm-up stage
+    local_clip: float | None = None  # clip each worker's gradient norm to local_clip/sqrt(P); None: off
+
+    def validate(self) -> None:
+        if not 0 < self.density <= 1:
+            raise ValueError(f"density must be in (0, 1], got {self.density}")
+        if self.momentum is not None and not 0 <= self.momentum < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.dense_at_most < 0:
+            raise ValueError(f"dense_at_most must be >= 0, got {self.dense_at_most}")
+        if not isinstance(self.warmup_densities, list) or \
+                not all(isinstance(d, (int, float)) and 0 < d <= 1 for d in self.warmup_densities):
+            raise ValueError(f"warmup_densities must be a list of numbers in (0, 1], got {self.warmup_densities}")
+        if self.warmup_stage_epochs <= 0:
+            raise ValueError(f"warmup_stage_epochs must be positive, got {self.warmup_stage_epochs}")
+        if self.local_clip is not None and self.local_clip <= 0:
+            raise ValueError(f"local_clip must be positive or null, got {self.local_clip}")
+
+
+@dataclass
+class RedSyncOptions(CompressionOptions):
+    """RedSync's options: the shared ones plus the selector policy and its variants."""
+
+    binary_search_above: int = 4 * 2**20  # layers above this many elements: threshold binary search
+    trimmed_topk_above: int = 2**20  # layers above this (and not above the previous): trimmed top-k
+    reuse_every: int = 1  # binary search: reuse the found ratio r for this many steps (release: 10)
+    quantize: bool = False  # sign-and-mean: indices of one sign plus one mean per layer
+
+    def validate(self) -> None:
+        super().validate()
+        if self.trimmed_topk_above < 0 or self.binary_search_above < 0:
+            raise ValueError(f"size thresholds must be >= 0, got trimmed_topk_above="
+                             f"{self.trimmed_topk_above}, binary_search_above={self.binary_search_above}")
+        if self.reuse_every < 1:
+            raise ValueError(f"reuse_every must be >= 1, got {self.reuse_every}")
+
+
+def warmup_density(progress_epochs: float, options: CompressionOptions) -> float:
+    """The density at ``progress_epochs`` (fractional epochs since the start)."""
+    if options.warmup:
+        stage = int(progress_epochs // options.warmup_stage_epochs)
+        if stage < len(options.warmup_densities):
+            return max(float(options.warmup_densities[stage]), options.density)
+    return options.density
+
+
+@dataclass
+class Layer:
+    """One parameter's compression state: momentum ``u`` and residual ``v`` (flat)."""
+
+    param: torch.nn.Parameter
+    u: torch.Tensor
+    v: torch.Tensor
+    selector_name: str | None  # None: always dense (tiny layer)
+    selector: object = None
+    offset: int = 0  # start in the flat index space of the compressed layers
+    last_indices: torch.Tensor | None = None  # local indices sent at the last step (None: dense)
+
+    @property
+    def n(self) -> int:
+        return self.u.numel()
+
+
+@ALGORITHMS.register("redsync")
+class RedSync(Algorithm):
+    """Momentum-corrected residual compression with RedSync's selectors (see the module notes)."""
+
+    Options = RedSyncOptions
+
+    # ---- policy (what dgc overrides) -----------------------------------------------------------
+    def selector_for(self, n: int) -> str | None:
+        """Registered selector for a layer of ``n`` elements, or None to send it dense."""
+        o = self.options
+        if n <= o.dense_at_most:
+            return None
+        if n > o.binary_search_above:
+            return "binary_search"
+        if n > o.trimmed_topk_above:
+            return "trimmed_topk"
+        return "exact_topk"
+
+    def make_selector(self, name: str):
+        if name == "binary_search":  # the one selector with an option of its own
+            return BinarySearchSelector(reuse_every=self.options.reuse_every)
+        return SELECTORS.get(name)()
+
+    @property
+    def quantized(self) -> bool:
+        return self.options.quantize
+
+    # ---- construction --------------------------------------------------------------------------
+    def build_optimizer(self) -> torch.optim.Optimizer:
+        """Plain SGD: momentum and weight decay live in the compressor."""
+        train = self.ctx.train
+        if train.get("optimizer", "sgd") != "sgd":
+            raise ValueError(f"{type(self).__name__} needs train.optimizer 'sgd' (momentum lives in the "
+                             f"compressor), got {train.get('optimizer')!r}")
+        return torch.optim.SGD(self.model.parameters(), lr=float(train["lr"]), momentum=0.0, weight_decay=0.0)
+
+    def setup(self) -> None:
+        super().setup()
+        o, train = self.options, self.ctx.train
+        self.m = float(train.get("momentum", 0.0) if o.momentum is None else o.momentum)
+        self.nesterov = bool(train.get("nesterov", False) if o.nesterov is None else o.nesterov)
+        self.weight_decay = float(train.get("weight_decay", 0.0))
+        self.layers: list[Layer] = []
+        offset = 0
+        for p in self.model.parameters():
+            if not p.requires_grad:
+                continue
+            flat = p.detach().reshape(-1)
+            name = self.selector_for(flat.numel())
+            layer = Layer(p, torch.zeros_like(flat), torch.zeros_like(flat), name,
+                          self.make_selector(name) if name else None, offset)
+            offset += flat.numel() if name else 0
+            self.layers.append(layer)
+        self.n_compressed = offset
+        self.n_total = sum(layer.n for layer in self.layers)
+        self.density = o.density
+        self.totals: dict[str, float] = defaultdict(float)  # cumulative counters (checkpointed)
+
+    # ---- one step ------------------------------------------------------------------------------
+    def after_backward(self, info: StepInfo) -> None:
+        with torch.no_grad():
+            self.density = warmup_density(info.step / max(1, self.ctx.steps_per_epoch), self.options)
+            grads = self._local_gradients()
+            dense, sparse = [], []
+            for layer, g in zip(self.layers, grads, strict=True):
+                self._correct(layer, g)
+                k = k_for_density(layer.n, self.density)
+                (sparse if layer.selector_name and k < layer.n else dense).append((layer, k))
+            messages = [self._compress(layer, k, info.step) for layer, k in sparse]
+            with self.comm.reduction():
+                self._sync_dense([layer for layer, _ in dense])
+                self._sync_sparse([layer for layer, _ in sparse], messages)
+            self._count(dense, sparse, messages)
+
+    def _local_gradients(self) -> list[torch.Tensor]:
+        """This worker's flat gradients, locally clipped, plus weight decay."""
+        grads = [(layer.param.grad.reshape(-1) if layer.param.grad is not None else torch.zeros_like(layer.u))
+                 for layer in self.layers]
+        if self.options.local_clip is not None:
+            limit = self.options.local_clip / math.sqrt(self.comm.size)
+            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
+            if norm > limit:
+                grads = [g * (limit / (norm + 1e-6)) for g in grads]
+        if self.weight_decay:
+            grads = [g + self.weight_decay * layer.param.detach().reshape(-1)
+                     for g, layer in zip(grads, self.layers, strict=True)]
+        return grads
+
+    def _correct(self, layer: Layer, g: torch.Tensor) -> None:
+        """Momentum correction and residual accumulation (Nesterov: v += m*u + g)."""
+        layer.u.mul_(self.m).add_(g)
+        if self.nesterov:
+            layer.v.add_(layer.u, alpha=self.m).add_(g)
+        else:
+            layer.v.add_(layer.u)
+
+    def _compress(self, layer: Layer, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Select, mask and return (local indices, values or the one-element mean)."""
+        device = layer.v.device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        idx = layer.selector(layer.v, k)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
+        values = layer.v[idx]
+        if self.quantized:
+            keep = values > 0 if step % 2 == 0 else values < 0
+            idx, values = idx[keep], values[keep]
+            mean = values.mean().reshape(1) if idx.numel() else values.new_zeros(1)
+            layer.v[idx] -= mean  # v keeps the quantisation error: conserved
+            values = mean
+        else:
+            layer.v[idx] = 0
+        layer.u[idx] = 0  # momentum factor masking
+        layer.last_indices = idx
+        self.comm.stats.add_selection(idx.numel(), seconds)
+        key = f"{layer.selector_name}_n{layer.n}"
+        self.totals[f"select_s_{key}"] += seconds
+        self.totals[f"select_calls_{key}"] += 1
+        return idx, values
+
+    def _sync_dense(self, layers: list[Layer]) -> None:
+        """Allreduce (average) the residuals of the dense layers; no masking (nothing delayed)."""
+        if not layers:
+            return
+        flat = torch.cat([layer.v for layer in layers])
+        self.comm.all_reduce(flat, op="avg")
+        offset = 0
+        for layer in layers:
+            self._write_grad(layer, flat[offset:offset + layer.n])
+            layer.v.zero_()
+            layer.last_indices = None
+            offset += layer.n
+
+    def _sync_sparse(self, layers: list[Layer], messages: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One variable-length allgather for all compressed layers, then scatter-add / P."""
+        if not layers:
+            return
+        p = self.comm.size
+        itype = index_dtype(self.n_compressed)
+        idx = torch.cat([i + layer.offset for (i, _), layer in zip(messages, layers, strict=True)]).to(itype)
+        out = torch.zeros(self.n_compressed, dtype=layers[0].v.dtype, device=layers[0].v.device)
+        if self.quantized:
+            means = torch.cat([mean for _, mean in messages])
+            parts = self.comm.all_gatherv(idx)
+            all_means = self.comm.all_gather(means)  # (P, layers)
+            starts = torch.tensor([layer.offset for layer in layers], dtype=torch.int64, device=out.device)
+            for rank, part in enumerate(parts):
+                which = torch.searchsorted(starts, part.long(), right=True) - 1
+                out.index_add_(0, part.long(), all_means[rank][which])
+        else:
+            values = torch.cat([v for _, v in messages])
+            all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, values, self.n_compressed)
+            out.index_add_(0, all_idx, all_val)
+        out.div_(p)
+        for layer in layers:
+            self._write_grad(layer, out[layer.offset:layer.offset + layer.n])
+
+    @staticmethod
+    def _write_grad(layer: Layer, flat: torch.Tensor) -> None:
+        p = layer.param
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        p.grad.copy_(flat.view_as(p))
+
+    # ---- accounting ----------------------------------------------------------------------------
+    def _count(self, dense, sparse, messages) -> None:
+        t = self.totals
+        selected = sum(int(i.numel()) for i, _ in messages)
+        t["steps"] += 1
+        t["values_sent"] += selected + sum(layer.n for layer, _ in dense)
+        t["selected"] += selected
+        t["k"] += sum(k for _, k in sparse)
+        t["compressed_elements"] += sum(layer.n for layer, _ in sparse)
+
+    def metrics(self) -> dict[str, float]:
+        """``density`` now; cumulative means: ``sent_fraction`` (values sent per step, dense layers
+        included, over the model's size), ``selected_over_k`` and ``selected_fraction`` (compressed
+        layers only); ``select_ms_<selector>_n<size>``: mean selection time per call per layer size."""
+        t = self.totals
+        out = {"density": self.density}
+        if t["steps"]:
+            out["sent_fraction"] = t["values_sent"] / (t["steps"] * self.n_total)
+        if t["k"]:
+            out["selected_over_k"] = t["selected"] / t["k"]
+            out["selected_fraction"] = t["selected"] / t["compressed_elements"]
+        for key, seconds in t.items():
+            if key.startswith("select_s_"):
+                name = key[len("select_s_"):]
+                out[f"select_ms_{name}"] = 1000 * seconds / t[f"select_calls_{name}"]
+        return out
+
+    # ---- checkpointing -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"u": [layer.u.clone() for layer in self.layers],
+                "v": [layer.v.clone() for layer in self.layers],
+                "selectors": [layer.selector.state_dict() if hasattr(layer.selector, "state_dict") else None
+                              for layer in self.layers],
+                "totals": dict(self.totals)}
+
+    def load_state_dict(self, state: dict) -> None:
+        for layer, u, v, sel in zip(self.layers, state["u"], state["v"], state["selectors"], strict=True):
+            layer.u.copy_(u)
+            layer.v.copy_(v)
+            if sel is not None and hasattr(layer.selector, "load_state_dict"):
+                layer.selector.load_state_dict(sel)
+        self.totals = defaultdict(float, state.get("totals", {}))

@@ -1,0 +1,224 @@
+"""Plumbing shared by the sparse-gradient methods (Ok-Topk, TopkA, Gaussian-k, gTop-k; PAPERS.md
+section 3).
+
+Every step of such a method, as in Shigangli/Ok-Topk: flatten all gradients into one tensor,
+add the residual (acc = g + eps), synchronise a sparse average of acc, keep in the residual
+exactly the part of acc this rank did not get applied, and hand the averaged sparse update to the
+optimizer as the gradient (momentum and weight decay apply to it, as in the release). The first
+``warmup_steps`` steps are dense (one allreduce of acc), for every method, as in the release.
+
+A method subclasses :class:`SparseAlgorithm` and implements ``sparse_step(acc, step)`` returning
+a :class:`SparseUpdate`. Communication is wrapped in ``with self.phase("name"):`` so that the
+elements sent in each phase are reported; selection in ``with self.selecting():`` so that its time
+is recorded (``comm.stats.add_selection``). Per-step metrics (``algo_<key>`` in MLflow), as means
+over the sparse steps since the previous log point unless named ``*_mean`` (over all sparse steps
+so far): ``volume`` (elements sent per step by this rank, indices + values + counts),
+``volume_over_k`` and ``recv_over_k`` (the paper's volume per worker in units of k),
+``sent_<phase>``, ``local_selected``, ``select_ms``, ``residual_norm``, and ``probe_error`` when
+the selection-accuracy probe runs: ||top-k(dense average of acc) - update|| / ||dense average||,
+computed every ``probe_every`` steps with a dense allreduce kept out of the method's accounting.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+
+from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.compress.base import k_for_density
+from commlab.compress.residual import ResidualMemory
+from commlab.core.communicator import Communicator
+from commlab.core.sparse import scatter_dense
+from commlab.core.stats import CommStats
+
+
+@dataclass
+class SparseOptions:
+    density: float = 0.02  # k = ceil(density * n) entries per step (2%: the release's VGG/LSTM runs)
+    warmup_steps: int = 128  # dense steps first (release: 128 LSTM, 512 VGG, 0 BERT)
+    residual: bool = True  # error feedback: keep what was not applied for later steps
+    probe_every: int = 0  # selection-accuracy probe every this many steps (0: off; costs a dense allreduce)
+
+    def validate(self) -> None:
+        if not 0 < self.density <= 1:
+            raise ValueError(f"density must be in (0, 1], got {self.density}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.probe_every < 0:
+            raise ValueError(f"probe_every must be >= 0, got {self.probe_every}")
+
+
+@dataclass
+class SparseUpdate:
+    """The averaged update of one step and what it consumed of this rank's acc."""
+
+    indices: torch.Tensor | None  # int64 positions of the update; None: dense update in `values`
+    values: torch.Tensor  # averaged values at `indices` (or the dense averaged tensor)
+    applied: torch.Tensor | None  # positions of acc that were applied (None: all of acc)
+
+
+def flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    """All gradients as one flat tensor (zeros for parameters without a gradient)."""
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+
+
+def write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
+    """Copy a flat tensor back into the parameters' gradients."""
+    offset = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        p.grad.copy_(flat[offset:offset + n].view_as(p))
+        offset += n
+
+
+class SparseAlgorithm(Algorithm):
+    """Base of the sparse-gradient methods: residual, warm-up, accounting, probe."""
+
+    Options = SparseOptions
+
+    # ---- construction --------------------------------------------------------------------------
+    def setup(self) -> None:
+        super().setup()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        if not self.params:
+            raise ValueError("the model has no trainable parameters")
+        first = self.params[0]
+        self.n = sum(p.numel() for p in self.params)
+        self.k = k_for_density(self.n, self.options.density)
+        self.memory = ResidualMemory(self.n, first.dtype, first.device, enabled=self.options.residual)
+        self.window: dict[str, float] = defaultdict(float)
+        self.totals: dict[str, float] = defaultdict(float)
+        self.last: dict[str, float] = {}
+        self.setup_sparse()
+
+    def setup_sparse(self) -> None:
+        """Method-specific state (thresholds, regions); called at the end of setup()."""
+
+    # ---- the method ----------------------------------------------------------------------------
+    def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
+        """Synchronise a sparse average of ``acc``; ``step`` counts sparse steps from 0."""
+        raise NotImplementedError
+
+    def dense_step(self, acc: torch.Tensor) -> SparseUpdate:
+        """Warm-up: dense average of acc; everything applied."""
+        avg = self.comm.all_reduce(acc.clone(), op="avg")
+        return SparseUpdate(None, avg, None)
+
+    def after_backward(self, info: StepInfo) -> None:
+        with torch.no_grad():
+            acc = self.memory.accumulate(flat_grads(self.params))
+            c = self.comm.stats.counters
+            sent0, recv0 = c["elements_sent"], c["elements_recv"]
+            warm = info.step < self.options.warmup_steps
+            with self.comm.reduction():
+                update = self.dense_step(acc) if warm else \
+                    self.sparse_step(acc, info.step - self.options.warmup_steps)
+            dense = update.values if update.indices is None else \
+                scatter_dense(update.indices, update.values, self.n, accumulate=False)
+            if not warm:
+                self._count_sparse_step(c["elements_sent"] - sent0, c["elements_recv"] - recv0)
+            else:
+                self.window["dense_steps"] += 1
+            if self.options.probe_every and info.step % self.options.probe_every == 0:
+                self.last["probe_error"] = self._probe(acc, dense)
+            self.memory.keep(acc, update.applied)
+            write_grads(self.params, dense)
+
+    # ---- accounting ----------------------------------------------------------------------------
+    @contextmanager
+    def phase(self, name: str):
+        """Attribute the elements sent inside the block to phase ``name``."""
+        c = self.comm.stats.counters
+        s0 = c["elements_sent"]
+        try:
+            yield
+        finally:
+            self.window[f"sent_{name}"] += c["elements_sent"] - s0
+
+    @contextmanager
+    def selecting(self, device: torch.device | None = None):
+        """Time a selection (to completion on CUDA) into comm.stats.selection_seconds; the block
+        sets ``box[0]`` to the number of entries it selected."""
+        box = [0]
+        if device is not None and device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        try:
+            yield box
+        finally:
+            if device is not None and device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - t0
+            self.comm.stats.add_selection(box[0], seconds)
+            self.window["select_seconds"] += seconds
+
+    def note(self, key: str, value: float) -> None:
+        """Add a per-step quantity to the window (reported as its mean per sparse step)."""
+        self.window[key] += float(value)
+
+    def _count_sparse_step(self, sent: int, recv: int) -> None:
+        self.window["sparse_steps"] += 1
+        self.window["volume"] += sent
+        self.window["recv"] += recv
+        self.totals["sparse_steps"] += 1
+        self.totals["volume"] += sent
+        self.totals["recv"] += recv
+
+    def metrics(self) -> dict[str, float]:
+        w, out = self.window, {"k": float(self.k), "n": float(self.n)}
+        steps = w.get("sparse_steps", 0)
+        if steps:
+            for key, value in w.items():
+                if key not in ("sparse_steps", "dense_steps", "select_seconds"):
+                    out[key] = value / steps
+            out["select_ms"] = 1000 * w.get("select_seconds", 0.0) / steps
+            out["volume_over_k"] = out["volume"] / self.k
+            out["recv_over_k"] = out["recv"] / self.k
+        if self.totals.get("sparse_steps"):
+            t = self.totals
+            out["volume_over_k_mean"] = t["volume"] / (t["sparse_steps"] * self.k)
+            out["recv_over_k_mean"] = t["recv"] / (t["sparse_steps"] * self.k)
+            out["sparse_steps"] = t["sparse_steps"]
+        out["dense_steps"] = w.get("dense_steps", 0.0)
+        out["residual_norm"] = self.memory.norm()
+        out.update(self.last)
+        out.update(self.extra_metrics())
+        self.window = defaultdict(float)
+        return out
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Method-specific instantaneous metrics (thresholds, ...)."""
+        return {}
+
+    def _probe(self, acc: torch.Tensor, update: torch.Tensor) -> float:
+        """||top-k(dense average of acc) - update|| / ||dense average||, via a dense allreduce on a
+        private Communicator so that the probe's traffic stays out of the method's accounting."""
+        probe_comm = Communicator(self.comm.group, scope=self.comm.scope, stats=CommStats(keep_calls=False))
+        dense = probe_comm.all_reduce(acc.clone(), op="avg")
+        top = torch.topk(dense.abs(), min(self.k, self.n), sorted=False).indices
+        best = torch.zeros_like(dense)
+        best[top] = dense[top]
+        norm = float(dense.norm())
+        return float((best - update).norm()) / norm if norm > 0 else 0.0
+
+    # ---- checkpointing -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"residual": self.memory.state_dict(), "totals": dict(self.totals),
+                "method": self.method_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.memory.load_state_dict(state["residual"])
+        self.totals = defaultdict(float, state.get("totals", {}))
+        self.load_method_state(state.get("method", {}))
+
+    def method_state(self) -> dict:
+        return {}
+
+    def load_method_state(self, state: dict) -> None:
+        pass

@@ -1,0 +1,206 @@
+"""``commlab bench collectives``: allreduce through the Communicator vs raw torch.distributed.
+
+Spec 2 part 11 (the Communicator must cost at most 5% over raw torch.distributed at >= 1M
+elements) and spec 8 part 1 (under a 1 Gbit/s emulated link, a 10M-float allreduce on 4 ranks
+takes the bandwidth-limited time; unshaped it is several times faster).
+
+Overhead table: 4 gloo ranks (``commlab.testing.run_distributed``) on loopback; per size, after
+warm-up, ``--repeats`` pairs of calls, the order of the two alternating from pair to pair
+(interleaved, so drift in machine load hits both alike), each call started after a barrier. A
+call's time is the slowest rank's; the table shows medians and ``ratio = communicator / raw``.
+
+Network check (when root and iproute2 are available): the same measurement of ``--check-elements``
+floats on loopback, in unshaped namespaces and on ``--check-mbit`` links, against the ring bound
+``2(P-1)/P * n * 4 bytes / rate`` (from the nominal rate and from the measured link throughput).
+
+    commlab bench collectives                                  # defaults: 1K..16M, 20 repeats
+    commlab bench collectives --sizes 1K 1M --repeats 5 --check-mbit 0    # quick, no namespaces
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from commlab.bench.common import (add_output_arguments, emulation_unavailable, md_table, network_context,
+                                  parse_size, write_report)
+from commlab.registry import BENCHMARKS
+
+DEFAULT_SIZES = ["1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M"]
+
+
+def measure(rank: int, world: int, sizes: list[int], repeats: int, warmup: int) -> dict:
+    """This rank's seconds per call: ``{size: {"raw": [...], "communicator": [...]}}``."""
+    from commlab.core import CommStats, Communicator
+
+    comm = Communicator(stats=CommStats())
+    out = {}
+    for n in sizes:
+        x = torch.ones(n, dtype=torch.float32)
+        calls = {"raw": lambda: dist.all_reduce(x), "communicator": lambda: comm.all_reduce(x)}
+        times = {"raw": [], "communicator": []}
+        for i in range(warmup + repeats):
+            order = ("raw", "communicator") if i % 2 == 0 else ("communicator", "raw")
+            for name in order:
+                x.fill_(1.0)  # sums of sums would overflow over many repeats
+                dist.barrier()
+                t0 = time.perf_counter()
+                calls[name]()
+                elapsed = time.perf_counter() - t0
+                if i >= warmup:
+                    times[name].append(elapsed)
+        comm.stats.drain()
+        out[n] = times
+    return out
+
+
+def combine(per_rank: list[dict]) -> dict:
+    """Per size: the slowest rank's time of each call, then medians and the ratio."""
+    rows = {}
+    for n in per_rank[0]:
+        row = {"elements": n, "mbytes": n * 4 / 1e6}
+        for name in ("raw", "communicator"):
+            slowest = [max(ts) for ts in zip(*(r[n][name] for r in per_rank), strict=True)]
+            row[f"{name}_ms"] = statistics.median(slowest) * 1e3
+            row[f"{name}_ms_iqr"] = _iqr(slowest) * 1e3
+            row[f"{name}_samples"] = len(slowest)
+        row["ratio"] = row["communicator_ms"] / row["raw_ms"]
+        row["overhead_pct"] = (row["ratio"] - 1) * 100
+        rows[n] = row
+    return rows
+
+
+def _iqr(xs: list[float]) -> float:
+    q = statistics.quantiles(xs, n=4) if len(xs) >= 2 else [0, 0, 0]
+    return q[2] - q[0]
+
+
+def worker_main(argv: list[str] | None = None) -> None:
+    """Entry point of one rank inside a namespace: measure and let rank 0 write the JSON."""
+    from commlab.core import init_runtime, shutdown_runtime
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--sizes", nargs="+", type=int, required=True)
+    p.add_argument("--repeats", type=int, required=True)
+    p.add_argument("--warmup", type=int, required=True)
+    args = p.parse_args(argv if argv is not None else sys.argv[1:])
+    torch.set_num_threads(1)
+    rt = init_runtime("gloo", timeout_s=600)
+    try:
+        mine = measure(rt.rank, rt.world_size, args.sizes, args.repeats, args.warmup)
+        gathered = [None] * rt.world_size
+        dist.all_gather_object(gathered, mine)
+        if rt.rank == 0:
+            with open(args.out, "w") as f:
+                json.dump({str(k): v for k, v in combine(gathered).items()}, f)
+    finally:
+        shutdown_runtime()
+
+
+def _measure_in(net, workers: int, n: int, repeats: int, warmup: int, scratch: str) -> dict:
+    from commlab.launch import run_in_network
+
+    out = f"{scratch}/check-{time.monotonic_ns()}.json"
+    code = "from commlab.bench.collectives import worker_main; worker_main()"
+    argv = ["-c", code, "--out", out, "--sizes", str(n), "--repeats", str(repeats), "--warmup", str(warmup)]
+    rc = run_in_network(net, argv, log=f"{scratch}/workers.log")
+    if rc:
+        raise RuntimeError(f"allreduce workers failed with exit code {rc} (log: {scratch}/workers.log)")
+    with open(out) as f:
+        return json.load(f)[str(n)]
+
+
+def network_check(workers: int, n: int, mbit: float, repeats: int, warmup: int) -> dict:
+    """Allreduce of ``n`` floats on loopback, unshaped namespaces and ``mbit`` links vs the ring bound."""
+    import tempfile
+
+    from commlab.testing import run_distributed
+
+    reason = emulation_unavailable()
+    if reason:
+        return {"skipped": reason}
+    rows = []
+    loop = combine(run_distributed(measure, workers, args=([n], repeats, warmup), timeout_s=600))[n]
+    rows.append({"network": "loopback", **loop})
+    ring_bytes = 2 * (workers - 1) / workers * n * 4
+    with tempfile.TemporaryDirectory(prefix="commlab-coll-") as scratch:
+        for net_kind in ("unshaped", mbit):
+            with network_context(net_kind, workers) as net:
+                row = {"network": "unshaped" if net_kind == "unshaped" else f"{mbit:g}Mbit",
+                       "measured_link_mbit": net.params.get("network_measured_mbit"),
+                       **_measure_in(net, workers, n, repeats, warmup, scratch)}
+            if net_kind != "unshaped":
+                row["predicted_nominal_ms"] = ring_bytes / (mbit * 1e6 / 8) * 1e3
+                row["predicted_measured_link_ms"] = ring_bytes / (row["measured_link_mbit"] * 1e6 / 8) * 1e3
+                row["measured_over_predicted"] = row["raw_ms"] / row["predicted_nominal_ms"]
+                row["measured_over_predicted_measured_link"] = row["raw_ms"] / row["predicted_measured_link_ms"]
+                row["within_20pct"] = abs(row["measured_over_predicted"] - 1) <= 0.2
+            rows.append(row)
+    shaped, unshaped = rows[-1], rows[1]
+    return {"elements": n, "workers": workers, "ring_bytes_per_rank": ring_bytes, "rows": rows,
+            "shaped_over_unshaped": shaped["raw_ms"] / unshaped["raw_ms"]}
+
+
+@BENCHMARKS.register("collectives")
+def collectives(argv: list[str], json_path: str | None = None) -> int:
+    """Communicator vs raw torch.distributed allreduce, and the emulated-link check."""
+    parser = argparse.ArgumentParser(prog="commlab bench collectives", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=4, help="gloo ranks (default 4)")
+    parser.add_argument("--sizes", nargs="+", type=parse_size, default=[parse_size(s) for s in DEFAULT_SIZES],
+                        help="float32 elements per allreduce (default 1K 4K ... 16M)")
+    parser.add_argument("--repeats", type=int, default=20, help="measured pairs per size (default 20)")
+    parser.add_argument("--warmup", type=int, default=3, help="unmeasured pairs first (default 3)")
+    parser.add_argument("--check-mbit", type=float, default=1000.0,
+                        help="emulated link of the network check in Mbit/s (default 1000; 0: skip the check)")
+    parser.add_argument("--check-elements", type=parse_size, default=parse_size("10M"),
+                        help="floats in the network check's allreduce (default 10M)")
+    parser.add_argument("--check-repeats", type=int, default=5, help="measured pairs in the check (default 5)")
+    add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.workers < 2 or args.repeats < 1 or args.warmup < 0:
+        parser.error("need --workers >= 2, --repeats >= 1, --warmup >= 0")
+
+    from commlab.testing import run_distributed
+
+    per_rank = run_distributed(measure, args.workers, args=(args.sizes, args.repeats, args.warmup), timeout_s=600)
+    rows = list(combine(per_rank).values())
+    big = [r for r in rows if r["elements"] >= 2**20]
+    payload = {"workers": args.workers, "repeats": args.repeats, "warmup": args.warmup, "backend": "gloo",
+               "network": "loopback", "sizes": rows,
+               "max_ratio_at_1M_and_more": max((r["ratio"] for r in big), default=None),
+               "target": "communicator/raw <= 1.05 for >= 1M elements"}
+    if args.check_mbit > 0:
+        payload["network_check"] = network_check(args.workers, args.check_elements, args.check_mbit,
+                                                 args.check_repeats, 1)
+    else:
+        payload["network_check"] = {"skipped": "--check-mbit 0"}
+
+    md = [f"Allreduce (sum, float32) on {args.workers} gloo ranks over loopback: median of {args.repeats} "
+          "interleaved calls per size (slowest rank per call).", "",
+          md_table(rows, [("elements", "elements"), ("mbytes", "MB"), ("raw_ms", "raw ms"),
+                          ("communicator_ms", "Communicator ms"), ("ratio", "ratio"),
+                          ("overhead_pct", "overhead %")]), "",
+          f"Largest ratio at >= 1M elements: {payload['max_ratio_at_1M_and_more']} (target <= 1.05)."]
+    check = payload["network_check"]
+    if "rows" in check:
+        md += ["", f"## Emulated link check: {check['elements']} floats, {check['workers']} ranks", "",
+               md_table(check["rows"], [("network", "network"), ("measured_link_mbit", "link Mbit/s (measured)"),
+                                        ("raw_ms", "raw ms"), ("communicator_ms", "Communicator ms"),
+                                        ("predicted_nominal_ms", "ring bound ms (nominal)"),
+                                        ("predicted_measured_link_ms", "ring bound ms (measured link)"),
+                                        ("measured_over_predicted", "measured / bound")]), "",
+               f"Shaped / unshaped time: {check['shaped_over_unshaped']:.2f}x. The ring bound is a model "
+               f"(2(P-1)/P n bytes through each worker's link); the other columns are measured."]
+    else:
+        md += ["", f"Emulated link check skipped: {check['skipped']}"]
+    write_report("collectives", payload, "\n".join(md), args.json_path or json_path, args.out_dir)
+    return 0

@@ -1,0 +1,293 @@
+"""Shared pieces of the benchmark suite (spec 8, part 4): output files, environment, training runs.
+
+Every benchmark writes ``reports/bench/<name>.json`` (machine-readable, with an ``environment``
+block naming the host, the device and the commit) and ``reports/bench/<name>.md`` (a short
+summary). Training-based benchmarks run ``commlab train`` on their workers, on loopback or inside
+an :class:`~commlab.netem.EmulatedNetwork`, with a private MLflow store, and read the logged
+cumulative counters back to get per-step time, compute, bytes and collectives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+OUT_DIR = "reports/bench"
+POINT_KEYS = ("wall_seconds", "samples", "compute_seconds", "comm_seconds", "bytes_sent", "bytes_recv",
+              "collectives_global", "collectives_local", "reductions_global", "blocked_seconds",
+              "selection_seconds", "train_loss", "test_accuracy")
+
+
+# ---------------------------------------------------------------------- arguments and sizes
+def parse_size(text: str) -> int:
+    """``"16M"`` -> 16777216, ``"1K"`` -> 1024, ``"1000"`` -> 1000."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    text = text.strip().upper()
+    try:
+        return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+    except (ValueError, IndexError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 1024, 64K, 16M)") from None
+
+
+def parse_network(text: str) -> float | str:
+    """``loopback``, ``unshaped`` (namespaces without shaping) or a bandwidth in Mbit/s."""
+    if text in ("loopback", "unshaped"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"network must be loopback, unshaped or Mbit/s, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"bandwidth must be positive, got {text!r}")
+    return value
+
+
+def network_name(net: float | str) -> str:
+    return net if isinstance(net, str) else f"{net:g}Mbit"
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out-dir", default=OUT_DIR, help=f"folder for <name>.json and <name>.md (default {OUT_DIR})")
+    parser.add_argument("--json", dest="json_path", metavar="FILE",
+                        help="write the JSON here instead (the markdown goes beside it)")
+
+
+def emulation_unavailable() -> str | None:
+    """Why namespaces cannot be built here, or None when they can."""
+    from commlab.netem import NetemError, preflight
+
+    try:
+        preflight()
+    except NetemError as err:
+        return str(err)
+    return None
+
+
+# ---------------------------------------------------------------------- output
+def environment() -> dict:
+    import torch
+
+    from commlab.tracking import git_commit
+
+    cuda = torch.cuda.is_available()
+    return {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
+            "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
+            "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
+            "cuda": cuda, "git_commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def md_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
+    """A markdown table of ``rows`` with ``(key, header)`` columns; floats get 4 significant digits."""
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+        return "" if v is None else str(v)
+
+    lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(r.get(k)) for k, _ in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_report(name: str, payload: dict, markdown: str, json_path: str | None = None,
+                 out_dir: str = OUT_DIR) -> tuple[Path, Path]:
+    """Write ``<out_dir>/<name>.json`` and ``.md`` (``json_path`` overrides the JSON file; the
+    markdown then goes beside it). Returns both paths and prints the markdown."""
+    payload = {"benchmark": name, "environment": environment(), **payload}
+    jpath = Path(json_path) if json_path else Path(out_dir) / f"{name}.json"
+    mpath = jpath.with_suffix(".md")
+    jpath.parent.mkdir(parents=True, exist_ok=True)
+    jpath.write_text(json.dumps(payload, indent=1, default=str) + "\n")
+    env = payload["environment"]
+    header = (f"# Benchmark `{name}`\n\nMeasured on {env['device']}, {env['cpus']} CPUs (load average "
+              f"{env['load_average'][0]} at the end), torch {env['torch']}, commit {env['git_commit'][:12]}, "
+              f"{env['time']}.\n\n")
+    mpath.write_text(header + markdown.rstrip() + "\n")
+    print(header + markdown)
+    print(f"[bench] wrote {jpath} and {mpath}")
+    return jpath, mpath
+
+
+# ---------------------------------------------------------------------- training runs
+@contextmanager
+def network_context(net: float | str, workers: int):
+    """Yield None for loopback, else an up EmulatedNetwork (torn down on exit)."""
+    if net == "loopback":
+        yield None
+        return
+    from commlab.netem import EmulatedNetwork, NetworkSpec
+
+    spec = NetworkSpec(bandwidth_mbit=None if net == "unshaped" else float(net))
+    with EmulatedNetwork(workers, spec) as emulated:
+        yield emulated
+
+
+class Workdir:
+    """A scratch folder with a private MLflow store for the runs of one benchmark invocation."""
+
+    def __init__(self, keep: bool = False):
+        self.path = Path(tempfile.mkdtemp(prefix="commlab-bench-"))
+        self.keep = keep
+        self.uri = f"sqlite:///{self.path / 'mlflow.db'}"
+        self.count = 0
+        from commlab.tracking import ensure_experiments
+
+        ensure_experiments(["bench"], self.uri)  # once, before any worker touches the store
+
+    def close(self) -> None:
+        if not self.keep:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+
+def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "") -> dict:
+    """Run one training config on its workers (in ``net`` if given) and return what it logged:
+    ``{"rc", "seconds", "points": [{step, key: value}], "final", "log"}``."""
+    from commlab.launch import run_in_network, run_on_loopback
+
+    workdir.count += 1
+    folder = workdir.path / f"run{workdir.count:03d}"
+    folder.mkdir()
+    config = {**config, "output_dir": str(folder / "out"),
+              "tracking": {"enabled": True, "uri": workdir.uri, "experiment": "bench"}}
+    config["train"] = {**config.get("train", {}), "checkpoint_every_epochs": 0}
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    sentinel = folder / "sentinel.json"
+    argv = ["-m", "commlab", "train", "--config", str(folder / "config.yaml"), "--sentinel", str(sentinel)]
+    env = {"MLFLOW_TRACKING_URI": workdir.uri, "OMP_NUM_THREADS": str(config.get("threads", 1))}
+    log = str(folder / "train.log")
+    t0 = time.perf_counter()
+    if net is None:
+        rc = run_on_loopback(argv, config["workers"], extra_env=env, log=log)
+    else:
+        rc = run_in_network(net, argv, extra_env=env, log=log)
+    result = {"rc": rc, "seconds": time.perf_counter() - t0, "points": [], "final": {}, "log": log}
+    if rc != 0 or not sentinel.exists():
+        tail = Path(log).read_text(errors="replace")[-1500:] if Path(log).exists() else ""
+        result["error"] = f"exit code {rc}: {tail.strip()}"
+        return result
+    record = json.loads(sentinel.read_text())
+    result["final"] = record.get("final", {})
+    result["points"] = metric_points(workdir.uri, record["run_id"])
+    return result
+
+
+def metric_points(uri: str, run_id: str) -> list[dict]:
+    """The run's logged metrics as one dict per logged step."""
+    from commlab.tracking import client
+
+    c = client(uri)
+    by_step: dict[int, dict] = {}
+    for key in POINT_KEYS:
+        for m in c.get_metric_history(run_id, key):
+            by_step.setdefault(m.step, {"step": m.step})[key] = m.value
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def step_summary(points: list[dict], workers: int, batch: int) -> dict:
+    """Per-step rates between the first and the last logged point (start-up excluded)."""
+    pts = [p for p in points if "wall_seconds" in p]
+    if len(pts) < 2:
+        raise ValueError(f"need two logged points with wall_seconds, got {len(pts)}; raise max_steps "
+                         f"or lower log_every")
+    first, last = pts[0], pts[-1]
+    steps = last["step"] - first["step"]
+    wall = last["wall_seconds"] - first["wall_seconds"]
+
+    def per_step(key: str) -> float:
+        return (last.get(key, 0.0) - first.get(key, 0.0)) / steps
+
+    return {"steps_measured": steps, "step_s": wall / steps,
+            "samples_per_s": steps * workers * batch / wall if wall > 0 else None,
+            "compute_s": per_step("compute_seconds"), "comm_s": per_step("comm_seconds"),
+            "blocked_s": per_step("blocked_seconds"), "selection_s": per_step("selection_seconds"),
+            "bytes_per_step": per_step("bytes_sent"),
+            "collectives_per_step": per_step("collectives_global") + per_step("collectives_local"),
+            "reductions_per_step": per_step("reductions_global")}
+
+
+def base_config(args, method: str, workers: int) -> dict:
+    """A short training run of ``method`` from the benchmark's common options."""
+    config = {"paper": "bench", "name": method, "method": method, "seed": args.seed, "workers": workers,
+              "model": args.model, "dataset": args.dataset, "data_dir": args.data_dir, "threads": 1,
+              "timeout_s": 300.0,
+              "train": {"epochs": getattr(args, "epochs", 1), "batch_size": args.batch_size, "lr": args.lr,
+                        "log_every": args.log_every, "max_steps": getattr(args, "max_steps", None)}}
+    params = {k.split(".", 1)[1]: v for k, v in (p.split("=", 1) for p in args.param or [])
+              if k.split(".", 1)[0] == method}
+    if params:
+        config["method_params"] = {k: yaml.safe_load(v) for k, v in params.items()}
+    return config
+
+
+def add_training_arguments(parser: argparse.ArgumentParser, model: str = "cnn") -> None:
+    parser.add_argument("--model", default=model, help=f"registered model (default {model})")
+    parser.add_argument("--dataset", default="auto",
+                        help="registered dataset; auto = fashion_mnist when prepared, else synthetic")
+    parser.add_argument("--data-dir", default="data/prepared", help="prepared-data folder")
+    parser.add_argument("--batch-size", type=int, default=32, help="per worker (default 32)")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log-every", type=int, default=5, help="steps between logged points (default 5)")
+    parser.add_argument("--methods", nargs="*", help="methods to run (default: every registered method)")
+    parser.add_argument("--param", action="append", metavar="METHOD.key=value",
+                        help="a method option, e.g. --param kstep.period=8 (repeatable)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder of the runs (logs, MLflow)")
+
+
+def resolve_dataset(args) -> str:
+    if args.dataset != "auto":
+        return args.dataset
+    return "fashion_mnist" if (Path(args.data_dir) / "fashion_mnist").exists() else "synthetic"
+
+
+def resolve_methods(requested: list[str] | None) -> list[str]:
+    """``requested`` or every registered method, dense ``ssgd`` first (the reference)."""
+    from commlab.registry import ALGORITHMS
+
+    names = requested or ALGORITHMS.names()
+    unknown = [m for m in names if m not in ALGORITHMS]
+    if unknown:
+        raise SystemExit(f"unknown method(s) {unknown}; registered: {ALGORITHMS.names()}")
+    return ["ssgd", *[m for m in names if m != "ssgd"]]
+
+
+# ---------------------------------------------------------------------- GPU figures
+def gpu_model_step_times(models: list[str], batch: int = 32, steps: int = 20) -> dict:
+    """Forward+backward+SGD step time of each model on CUDA, or a skip note without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"skipped": "no CUDA device on this machine: GPU step times not measured"}
+    from commlab.models import build_model
+
+    device = torch.device("cuda", 0)
+    out = {"device": torch.cuda.get_device_name(0), "batch": batch, "models": {}}
+    for name in models:
+        channels, size = (1, 28) if name in ("cnn", "mlp", "wide_mlp") else (3, 224 if name == "resnet50" else 32)
+        model = build_model(name, channels, 10 if name != "resnet50" else 1000, size).to(device)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(batch, channels, size, size, device=device)
+        y = torch.randint(0, 10, (batch,), device=device)
+        times = []
+        for i in range(steps + 3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            torch.cuda.synchronize()
+            if i >= 3:
+                times.append(time.perf_counter() - t0)
+        times.sort()
+        out["models"][name] = {"step_s": times[len(times) // 2],
+                               "params": sum(p.numel() for p in model.parameters()),
+                               "input": [channels, size, size]}
+    return out

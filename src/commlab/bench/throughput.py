@@ -1,0 +1,141 @@
+"""``commlab bench throughput``: samples/s of every registered method, as ratios to dense ``ssgd``.
+
+Spec 8 part 4. Every registered method (or ``--methods``) trains the same short run
+(``--max-steps`` steps of the laptop CNN, 4 workers) on loopback and on emulated links of 1 Gbit/s
+and 100 Mbit/s (:mod:`commlab.netem`), all in this one invocation, so each ratio compares runs
+measured minutes apart on the same machine. Samples/s is taken between the first and the last
+logged point of each run (start-up, the first steps and the final evaluation drop out); the
+JSON also keeps per-step compute, communication, bytes and collectives, which feed the cost
+model (``commlab bench scaling``). With ``--repeats R`` the methods are interleaved R times and
+the median is reported. Emulated links need root and iproute2; without them those columns are
+skipped with the reason.
+
+    commlab bench throughput                                   # all methods, loopback/1000/100
+    commlab bench throughput --methods ssgd ddp --networks loopback --max-steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+from commlab.bench.common import (Workdir, add_output_arguments, add_training_arguments, base_config,
+                                  emulation_unavailable, md_table, network_context, network_name, parse_network,
+                                  resolve_dataset, resolve_methods, run_training, step_summary, write_report)
+from commlab.registry import BENCHMARKS
+
+
+def measure_methods(args, methods: list[str], networks: list, workers: int, workdir: Workdir) -> tuple[list, dict]:
+    """One row per (network, method, repeat); plus {network: reason} for networks skipped."""
+    rows, skipped = [], {}
+    for net in networks:
+        name = network_name(net)
+        reason = emulation_unavailable() if net != "loopback" else None
+        if reason:
+            skipped[name] = reason
+            print(f"[throughput] {name}: skipped ({reason})", flush=True)
+            continue
+        with network_context(net, workers) as emulated:
+            link = emulated.params if emulated else {}
+            for repeat in range(args.repeats):
+                for method in methods:
+                    config = base_config(args, method, workers)
+                    config["train"]["test_subset"] = args.test_subset
+                    result = run_training(config, workdir, emulated)
+                    row = {"network": name, "method": method, "repeat": repeat, "workers": workers,
+                           "measured_link_mbit": link.get("network_measured_mbit"),
+                           "run_seconds": round(result["seconds"], 2)}
+                    if "error" in result:
+                        row["error"] = result["error"][-600:]
+                    else:
+                        row.update(step_summary(result["points"], workers, args.batch_size))
+                        row["final_train_loss"] = result["final"].get("train_loss")
+                    rows.append(row)
+                    print(f"[throughput] {name} {method} (repeat {repeat}): "
+                          + (f"{row['samples_per_s']:.0f} samples/s" if "samples_per_s" in row else "FAILED"),
+                          flush=True)
+    return rows, skipped
+
+
+def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list[dict]:
+    """Median over repeats per (network, method) and the ratio to ssgd on the same network."""
+    table = []
+    for net in networks:
+        dense = [r["samples_per_s"] for r in rows if r["network"] == net and r["method"] == "ssgd"
+                 and r.get("samples_per_s")]
+        dense_rate = statistics.median(dense) if dense else None
+        for method in methods:
+            mine = [r for r in rows if r["network"] == net and r["method"] == method]
+            if not mine:
+                continue
+            ok = [r for r in mine if r.get("samples_per_s")]
+            entry = {"network": net, "method": method, "runs": len(mine)}
+            if not ok:
+                entry["error"] = mine[0].get("error", "no measurement")
+            else:
+                for key in ("samples_per_s", "step_s", "compute_s", "comm_s", "blocked_s", "bytes_per_step",
+                            "collectives_per_step", "reductions_per_step"):
+                    entry[key] = statistics.median(r[key] for r in ok)
+                entry["ratio_to_ssgd"] = entry["samples_per_s"] / dense_rate if dense_rate else None
+                entry["measured_link_mbit"] = ok[0].get("measured_link_mbit")
+            table.append(entry)
+    return table
+
+
+@BENCHMARKS.register("throughput")
+def throughput(argv: list[str], json_path: str | None = None) -> int:
+    """Samples/s of every method at loopback and emulated links, as ratios to ssgd."""
+    parser = argparse.ArgumentParser(prog="commlab bench throughput", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=4, help="workers per run (default 4)")
+    parser.add_argument("--networks", nargs="+", type=parse_network, default=["loopback", 1000.0, 100.0],
+                        help="loopback, unshaped, or link rates in Mbit/s (default: loopback 1000 100)")
+    parser.add_argument("--max-steps", type=int, default=40, help="steps per run (default 40)")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved repetitions (default 1)")
+    parser.add_argument("--test-subset", type=int, default=1000, help="test samples of the final evaluation")
+    add_training_arguments(parser)
+    add_output_arguments(parser)
+    args = parser.parse_args(argv)
+    if args.max_steps < 2 * args.log_every:
+        parser.error(f"--max-steps ({args.max_steps}) must be at least 2 x --log-every ({args.log_every})")
+    args.dataset = resolve_dataset(args)
+    methods = resolve_methods(args.methods)
+    names = [network_name(n) for n in args.networks]
+
+    workdir = Workdir(keep=args.keep)
+    try:
+        rows, skipped = measure_methods(args, methods, args.networks, args.workers, workdir)
+    finally:
+        workdir.close()
+    table = summarise(rows, methods, names)
+    payload = {"workers": args.workers, "model": args.model, "dataset": args.dataset,
+               "batch_per_worker": args.batch_size, "max_steps": args.max_steps, "log_every": args.log_every,
+               "repeats": args.repeats, "methods": methods, "networks": names, "skipped_networks": skipped,
+               "summary": table, "runs": rows}
+
+    wide = []
+    for method in methods:
+        line = {"method": method}
+        for entry in (e for e in table if e["method"] == method):
+            net = entry["network"]
+            line[f"{net}_rate"] = entry.get("samples_per_s")
+            line[f"{net}_ratio"] = entry.get("ratio_to_ssgd") if "error" not in entry else "failed"
+            line["bytes_per_step"] = line.get("bytes_per_step") or entry.get("bytes_per_step")
+        wide.append(line)
+    columns = [("method", "method")]
+    for net in names:
+        if net not in skipped:
+            columns += [(f"{net}_rate", f"{net} samples/s"), (f"{net}_ratio", f"{net} / ssgd")]
+    columns.append(("bytes_per_step", "bytes sent/step (rank 0)"))
+    md = [f"Samples/s of each method ({args.model}, {args.dataset}, {args.workers} workers x batch "
+          f"{args.batch_size}, {args.max_steps} steps, median of {args.repeats}), and its ratio to dense ssgd "
+          "measured in the same invocation.", "", md_table(wide, columns)]
+    for net, reason in skipped.items():
+        md += ["", f"{net}: skipped ({reason})"]
+    failed = [e for e in table if "error" in e]
+    if failed:
+        md += ["", "Failed runs: " + "; ".join(f"{e['method']} on {e['network']}: {e['error'][-200:]}"
+                                               for e in failed)]
+    write_report("throughput", payload, "\n".join(md), args.json_path or json_path, args.out_dir)
+    return 0

@@ -1,0 +1,81 @@
+"""Gaussian-k selection: a threshold from a normal fit of the tensor (PAPERS.md section 3, the
+Gaussiank baseline of Ok-Topk, as released in Shigangli/Ok-Topk).
+
+The entries are taken to be normal with the tensor's mean mu and standard deviation sigma; the
+two-sided tail that holds a fraction rho = k/n lies beyond mu + z·sigma with
+z = Phi^-1(1 - rho/2). Gradients have heavier tails than a normal, so the count is usually off;
+the release only corrects too few: while fewer than ``lower``·k (3k/4) pass, the threshold is
+divided by ``down`` (1.012), at most ``max_loops`` (50) times. One pass for the moments, one per
+loop for the count: no sort, no top-k.
+
+    select = SELECTORS.get("gaussiank")()
+    idx = select(x, k)             # sorted int64 indices of |x| > threshold
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from commlab.registry import SELECTORS
+
+
+@dataclass
+class GaussianOptions:
+    lower: float = 0.75  # lower the threshold while fewer than lower*k entries pass
+    down: float = 1.012  # factor the threshold is divided by per correction
+    max_loops: int = 50  # at most this many corrections
+
+    def validate(self) -> None:
+        if not 0 <= self.lower <= 1:
+            raise ValueError(f"lower must be in [0, 1], got {self.lower}")
+        if self.down < 1:
+            raise ValueError(f"down must be >= 1, got {self.down}")
+        if self.max_loops < 0:
+            raise ValueError(f"max_loops must be >= 0, got {self.max_loops}")
+
+
+def gaussian_threshold(x: torch.Tensor, k: int) -> float:
+    """mu + Phi^-1(1 - rho/2)·sigma for rho = k/n: the normal fit's threshold for k entries."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    if k >= n or n < 2:
+        return 0.0
+    rho = k / n
+    z = float(torch.special.ndtri(torch.tensor(1.0 - rho / 2, dtype=torch.float64)))
+    std, mean = torch.std_mean(flat)
+    return float(mean) + z * float(std)
+
+
+def gaussian_select(x: torch.Tensor, k: int, options: GaussianOptions | None = None
+                    ) -> tuple[torch.Tensor, float]:
+    """Indices (sorted int64) selected by the corrected Gaussian threshold, and the threshold."""
+    o = options or GaussianOptions()
+    flat = x.reshape(-1)
+    mags = flat.abs()
+    thr = gaussian_threshold(flat, k)
+    if thr <= 0 or not math.isfinite(thr):
+        return torch.nonzero(flat).view(-1), 0.0
+    mask = mags > thr
+    for _ in range(o.max_loops):
+        if int(mask.sum()) >= o.lower * k:
+            break
+        thr /= o.down
+        mask = mags > thr
+    return torch.nonzero(mask).view(-1), thr
+
+
+@SELECTORS.register("gaussiank")
+class GaussianSelector:
+    """Stateless Gaussian-k selector (the last threshold is kept for inspection)."""
+
+    def __init__(self, options: GaussianOptions | None = None):
+        self.options = options or GaussianOptions()
+        self.options.validate()
+        self.threshold: float | None = None
+
+    def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
+        idx, self.threshold = gaussian_select(x, k, self.options)
+        return idx

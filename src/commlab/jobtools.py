@@ -1,0 +1,157 @@
+"""Start, watch and interrupt whole jobs from outside, as a cluster would (spec 9 parts 2-5).
+
+The fault, resume and concurrency tests drive real ``commlab launch`` / ``torchrun`` jobs with
+these helpers, and they serve to rehearse a preemption by hand::
+
+    job = start_job(["launch", "--config", "run.yaml"], log="job.log", env={"COMMLAB_STEP_DELAY_S": "0.1"})
+    wait_for(lambda: checkpoint_step("out") == 16, job=job)     # epoch 1 is checkpointed
+    signal_job(job, signal.SIGTERM)                             # what SLURM sends before preemption
+    job.wait()                                                  # 143: preempted, resumable
+
+:func:`signal_job` reaches the launcher, torchrun and every worker at once, as SLURM's signals
+reach every process of a job step.
+``COMMLAB_STEP_DELAY_S`` makes the loop sleep after each step so that a signal sent from outside
+lands where the test means it to (mid-epoch), however loaded the machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+STEP_DELAY_ENV = "COMMLAB_STEP_DELAY_S"
+
+
+def write_config(path: str | Path, **fragment) -> Path:
+    """Write a run config YAML (``fragment`` merged over nothing: the loader adds defaults)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(fragment, sort_keys=False))
+    return path
+
+
+def start_job(argv: list[str], log: str | Path, env: dict | None = None, cwd: str | Path | None = None,
+              module: str = "commlab") -> subprocess.Popen:
+    """``python -m <module> *argv`` with stdout+stderr appended to ``log``."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", module, *argv], stdout=out, stderr=subprocess.STDOUT,
+                                env=full_env, cwd=cwd)
+
+
+def _process_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, state letter) of every process (Linux /proc)."""
+    table = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                table[int(entry.name)] = (int(fields[1]), fields[0])
+            except (OSError, IndexError, ValueError):
+                continue
+    return table
+
+
+def descendants(*roots: int) -> set[int]:
+    """The live processes at or below ``roots`` (zombies count as gone)."""
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in table and table[pid][1] != "Z" and pid not in found:
+            found.add(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def signal_job(job: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the launcher and every process below it, as SLURM signals every process
+    of a job step (torchrun starts its workers in sessions of their own, so a signal to the
+    launcher's process group alone would not reach them)."""
+    for pid in descendants(job.pid):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def reap(job: subprocess.Popen, timeout: float = 90.0) -> int:
+    """Wait until the launcher and every process it started are gone (a launcher killed by a
+    signal may leave workers finishing their checkpoint); SIGKILL what is left after ``timeout``.
+    Returns the launcher's exit code as a shell reports it (128 + signal when killed by one)."""
+    deadline = time.monotonic() + timeout
+    known = descendants(job.pid)
+    while time.monotonic() < deadline:
+        known = descendants(*known) | ({job.pid} if job.poll() is None else set())
+        if not known:
+            break
+        time.sleep(0.1)
+    for pid in descendants(*known):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    rc = job.wait()
+    return 128 - rc if rc < 0 else rc
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 120.0, job: subprocess.Popen | None = None,
+             poll: float = 0.05) -> None:
+    """Poll ``predicate`` until true; fail early if ``job`` exits first."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if job is not None and job.poll() is not None:
+            raise AssertionError(f"job exited with {job.returncode} before the awaited state")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"state not reached within {timeout} s")
+        time.sleep(poll)
+
+
+def checkpoint_step(output_dir: str | Path) -> int | None:
+    """Step of the latest complete checkpoint of a run, or None."""
+    latest = Path(output_dir) / "checkpoints" / "latest.json"
+    try:
+        return json.loads(latest.read_text())["step"]
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def worker_pids(job: subprocess.Popen) -> dict[int, int]:
+    """rank -> pid of the job's training workers (processes with RANK in their environment)."""
+    ranks = {}
+    for pid in descendants(job.pid) - {job.pid}:
+        try:
+            items = Path(f"/proc/{pid}/environ").read_text().split("\0")
+            env = dict(item.split("=", 1) for item in items if "=" in item)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+        except OSError:
+            continue
+        if "RANK" in env and "train" in cmdline.split("\0"):
+            ranks[int(env["RANK"])] = pid
+    return ranks
+
+
+def run_history(uri: str, run_id: str, skip: Callable[[str], bool] = lambda key: False) -> dict[str, list]:
+    """Every metric of an MLflow run as ``key -> [(step, value), ...]`` in step order."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+            for key in sorted(run.data.metrics) if not skip(key)}
+
+
+def is_timing(key: str) -> bool:
+    """Metrics measured in seconds differ between any two runs; everything else must not."""
+    return "seconds" in key or key.endswith("_s") or "time" in key

@@ -1,0 +1,209 @@
+"""Build the reports (spec part 9): a paper's notebook executed against MLflow -> HTML, and the index.
+
+    commlab report --paper baseline [--paper kstep]    reports/<paper>/report.html, report.ipynb, claims.json
+    commlab report --index                             reports/index.html
+    commlab report --paper baseline --index --out /tmp/reports --notebooks workflow/notebooks
+
+A paper's report is ``workflow/notebooks/<paper>.py`` (jupytext percent format) executed by
+papermill with the parameters ``paper``, ``out_dir`` and ``tracking_uri``, then exported to HTML
+by nbconvert. The notebook writes ``<out>/<paper>/claims.json`` through
+:func:`commlab.report.claims.write_claims`; the index links every ``<out>/*/report.html`` and
+gathers every ``<out>/*/claims.json`` into one summary table.
+
+The kernel is this very interpreter: a kernelspec pointing at ``sys.executable`` is written to a
+temporary folder on ``JUPYTER_PATH`` (which comes before user and system kernelspecs), so a fresh
+machine or CI needs no ``ipykernel install`` and a user's own ``python3`` kernel is never used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import html
+import json
+import os
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+KERNEL_NAME = "commlab-python"
+VERDICT_COLOURS = {"reproduced": "#d4edda", "partly reproduced": "#fff3cd", "not reproduced": "#f8d7da",
+                   "not measured": "#e2e3e5"}
+
+
+class ReportError(RuntimeError):
+    """A report could not be built; the message says which paper and why."""
+
+
+@contextlib.contextmanager
+def this_interpreter_kernel():
+    """Make the kernel ``KERNEL_NAME`` run ``sys.executable`` for the duration of the block."""
+    with tempfile.TemporaryDirectory(prefix="commlab-kernel-") as tmp:
+        spec_dir = Path(tmp) / "kernels" / KERNEL_NAME
+        spec_dir.mkdir(parents=True)
+        spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": f"Python ({sys.executable})", "language": "python"}
+        (spec_dir / "kernel.json").write_text(json.dumps(spec))
+        previous = os.environ.get("JUPYTER_PATH")
+        os.environ["JUPYTER_PATH"] = os.pathsep.join(filter(None, [tmp, previous]))
+        try:
+            yield KERNEL_NAME
+        finally:
+            if previous is None:
+                os.environ.pop("JUPYTER_PATH", None)
+            else:
+                os.environ["JUPYTER_PATH"] = previous
+
+
+def sentinel_runs(results: Path, paper: str) -> dict[tuple[str, int], str | None]:
+    """(name, seed) -> MLflow run id, from the sentinels the training jobs wrote."""
+    runs = {}
+    for path in sorted((results / paper).glob("*/seed*/sentinel.json")):
+        record = json.loads(path.read_text())
+        runs[(record.get("name"), int(record.get("seed", -1)))] = record.get("run_id")
+    return runs
+
+
+def check_sentinels(paper: str, results: Path, uri: str) -> list[str]:
+    """Warnings where the report's runs (newest finished per name and seed) are not the ones the
+    training jobs recorded, e.g. after a manual rerun into the same store."""
+    recorded = sentinel_runs(results, paper)
+    if not recorded:
+        return []
+    from commlab.report.collect import load_runs
+
+    runs = load_runs(paper, uri=uri)
+    newest = {(r.name, int(r.seed)): r.run_id for r in runs.itertuples()}
+    warnings = []
+    for key, run_id in sorted(recorded.items()):
+        if key not in newest:
+            warnings.append(f"{paper}: run {key[0]} seed {key[1]} ({run_id}) is not a FINISHED run in {uri}")
+        elif run_id and newest[key] != run_id:
+            warnings.append(f"{paper}: run {key[0]} seed {key[1]}: the report uses the newer run "
+                            f"{newest[key]}, not {run_id} from {results}")
+    return warnings
+
+
+def export_html(notebook, target: Path, title: str) -> None:
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(template_name="lab")
+    exporter.exclude_input_prompt = True
+    exporter.exclude_output_prompt = True
+    body, _ = exporter.from_notebook_node(notebook, resources={"metadata": {"name": title}})
+    target.write_text(body, encoding="utf-8")
+
+
+def build_paper(paper: str, out: Path, notebooks: Path, uri: str, cwd: Path | None = None) -> Path:
+    """Execute ``notebooks/<paper>.py`` into ``out/<paper>/`` and export HTML; return the HTML path."""
+    import jupytext
+    import nbformat
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    source = notebooks / f"{paper}.py"
+    if not source.exists():
+        known = ", ".join(sorted(p.stem for p in notebooks.glob("*.py"))) or "none"
+        raise ReportError(f"no report notebook {source} for paper {paper!r} (notebooks: {known})")
+    folder = out / paper
+    folder.mkdir(parents=True, exist_ok=True)
+    claims = folder / "claims.json"
+    claims.unlink(missing_ok=True)  # a stale table must never pass for this run's
+    executed = folder / "report.ipynb"
+    notebook = jupytext.read(source)
+    params = {"paper": paper, "out_dir": str(out.resolve()), "tracking_uri": uri}
+    failure = None
+    with this_interpreter_kernel() as kernel:
+        try:
+            papermill.execute_notebook(notebook, str(executed), parameters=params, kernel_name=kernel,
+                                       language="python", cwd=str(cwd or Path.cwd()), progress_bar=False,
+                                       request_save_on_cell_execute=False, start_timeout=300)
+        except PapermillExecutionError as err:
+            print(re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err.traceback)), file=sys.stderr)
+            failure = f"{source} failed in cell {err.exec_count}: {err.ename}: {err.evalue}"
+    html_path = folder / "report.html"
+    export_html(nbformat.read(executed, as_version=4), html_path, f"commlab report: {paper}")
+    if failure:
+        raise ReportError(f"{failure} (executed notebook: {executed}, HTML: {html_path})")
+    if not claims.exists():
+        raise ReportError(f"{source} ran but wrote no {claims}: the notebook must call write_claims()")
+    return html_path
+
+
+def _table(headers: list[str], rows: list[list[str]], verdict_col: int | None = None) -> str:
+    """An HTML table; cells are already escaped HTML."""
+    out = ["<table>", "<tr>" + "".join(f"<th>{h}</th>" for h in headers) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            style = ""
+            if i == verdict_col:
+                style = f' style="background:{VERDICT_COLOURS.get(html.unescape(cell), "#ffffff")}"'
+            cells.append(f"<td{style}>{cell}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def build_index(out: Path) -> Path:
+    """``out/index.html``: every paper's report and every claims table, in one page."""
+    e = html.escape
+    papers = sorted({p.parent.name for pattern in ("*/report.html", "*/claims.json") for p in out.glob(pattern)})
+    summary, claim_rows = [], []
+    for paper in papers:
+        claims_path = out / paper / "claims.json"
+        data = json.loads(claims_path.read_text()) if claims_path.exists() else {"title": "", "claims": []}
+        counts = Counter(c.get("verdict", "") for c in data.get("claims", []))
+        link = e(paper)
+        if (out / paper / "report.html").exists():
+            link = f'<a href="{e(paper)}/report.html">{e(paper)}</a>'
+        tally = ", ".join(f"{n} {e(v)}" for v, n in sorted(counts.items())) or "no claims table"
+        summary.append([link, e(data.get("title", "")), str(len(data.get("claims", []))), tally])
+        for c in data.get("claims", []):
+            claim_rows.append([link] + [e(str(c.get(k, ""))) for k in ("claim", "paper", "ours", "verdict", "note")])
+    style = ("body{font-family:sans-serif;margin:2em;max-width:75em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #bbb;padding:.35em .6em;vertical-align:top;text-align:left}"
+             "th{background:#f0f0f0}")
+    page = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>commlab reports</title><style>{style}</style></head><body>",
+        "<h1>commlab: reproduction reports</h1>",
+        "<p>Each paper's report shows its runs from MLflow (mean and spread over seeds) and a claims "
+        "table: the paper's claim, its figure, our measurement at our scale, and a verdict computed "
+        "from the numbers.</p>",
+        "<h2>Papers</h2>",
+        _table(["paper", "title", "claims", "verdicts"], summary) if summary else "<p>No reports yet.</p>",
+        "<h2>All claims</h2>",
+        _table(["paper", "claim", "paper's figure", "ours", "verdict", "note"], claim_rows, verdict_col=4)
+        if claim_rows else "<p>No claims tables yet.</p>",
+        "</body></html>",
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "index.html"
+    target.write_text("\n".join(page) + "\n", encoding="utf-8")
+    return target
+
+
+def main(args) -> int:
+    """Entry point of ``commlab report`` (args: paper list, index, out, notebooks, results)."""
+    from commlab.tracking import tracking_uri
+
+    if not args.paper and not args.index:
+        print("commlab report: nothing to do; give --paper NAME (repeatable) and/or --index", file=sys.stderr)
+        return 2
+    out, notebooks, results = Path(args.out), Path(args.notebooks), Path(args.results)
+    uri = tracking_uri()
+    status = 0
+    for paper in args.paper:
+        for warning in check_sentinels(paper, results, uri):
+            print(f"commlab report: warning: {warning}", file=sys.stderr)
+        try:
+            path = build_paper(paper, out, notebooks, uri)
+            print(f"{paper}: {path}")
+        except ReportError as err:
+            print(f"commlab report: {err}", file=sys.stderr)
+            status = 1
+    if args.index:
+        print(f"index: {build_index(out)}")
+    return status

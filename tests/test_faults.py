@@ -1,0 +1,85 @@
+"""A worker that dies mid-run (spec 9 part 3): one of 4 ranks is SIGKILLed after epoch 1.
+
+The job must fail by itself (torchrun's exit code 1, not a hang the test has to kill) within
+the collective timeout plus torchrun's shutdown grace, its output must name the dead rank, and
+the MLflow run must be FAILED, never left RUNNING: a surviving rank 0 marks it, and when rank 0
+is the one that died rank 1 does. Launching the same config again resumes from the epoch-1
+checkpoint and finishes the same MLflow run.
+"""
+
+import os
+import re
+import signal
+
+import pytest
+import torch
+
+from commlab.jobtools import (
+    STEP_DELAY_ENV,
+    checkpoint_step,
+    reap,
+    signal_job,
+    start_job,
+    wait_for,
+    worker_pids,
+    write_config,
+)
+
+pytestmark = pytest.mark.slow
+TIMEOUT_S = 30  # collective timeout of the run (small: a dead peer must fail the job soon)
+STEPS_PER_EPOCH = 16  # 512 samples / (4 workers x batch 8)
+
+
+@pytest.fixture
+def jobs():
+    """Jobs a test starts; whatever is left when it ends (a failed assertion) is killed."""
+    started = []
+    yield started
+    for job in started:
+        signal_job(job, signal.SIGKILL)
+        reap(job, timeout=10)
+
+
+def _status(uri, run_id):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri).get_run(run_id).info.status
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from commlab.tracking import ensure_experiments
+
+    ensure_experiments(["faults"], uri)
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    cfg = write_config(
+        tmp_path / "run.yaml", paper="faults", method="ssgd", seed=1, workers=4, model="mlp", dataset="synthetic",
+        backend="gloo", timeout_s=TIMEOUT_S, output_dir=str(out),
+        train={"epochs": 3, "batch_size": 8, "lr": 0.05, "train_subset": 512, "test_subset": 128, "log_every": 4})
+    env = {"MLFLOW_TRACKING_URI": uri}
+    job = start_job(["launch", "--config", str(cfg)], log, env={**env, STEP_DELAY_ENV: "0.1"})
+    jobs.append(job)
+    wait_for(lambda: checkpoint_step(out) == STEPS_PER_EPOCH, job=job, timeout=300)
+    pids = worker_pids(job)
+    assert sorted(pids) == [0, 1, 2, 3]
+    os.kill(pids[victim], signal.SIGKILL)
+    # torchrun stops the survivors (they fail at their next collective, at the latest after
+    # TIMEOUT_S) and exits 1; a hang would end in reap's SIGKILL instead (exit 137).
+    rc = reap(job, timeout=TIMEOUT_S + 30 + 120)
+    text = log.read_text()
+    assert rc == 1, text[-3000:]
+    root_cause = text[text.index("Root Cause"):]
+    assert re.search(rf"rank\s*:\s*{victim} \(local_rank: {victim}\)", root_cause), root_cause
+    assert "SIGKILL" in root_cause
+    run_id = torch.load(out / "checkpoints" / f"step_{STEPS_PER_EPOCH}" / "rank0.pt",
+                        weights_only=False)["progress"]["run_id"]
+    assert _status(uri, run_id) == "FAILED"
+    assert checkpoint_step(out) == STEPS_PER_EPOCH  # the last complete checkpoint is intact
+
+    if victim == 0:  # the re-launch resumes from epoch 1 and completes the same run
+        job = start_job(["launch", "--config", str(cfg)], log, env=env)
+        jobs.append(job)
+        assert reap(job, timeout=300) == 0, log.read_text()[-3000:]
+        assert checkpoint_step(out) == 3 * STEPS_PER_EPOCH
+        assert _status(uri, run_id) == "FINISHED"

@@ -1,0 +1,157 @@
+"""Sparse collectives (core/sparse.py) on 2, 3, 4 and 8 gloo ranks against dense references.
+
+One world of 8 processes runs every check on gloo groups of its first 2, 3 and 4 ranks and on the
+whole world (spawning a world costs far more than the checks); the 2^24 test is a world of 2.
+Every rank draws every rank's random sparse contribution from the same seeds, so each rank can
+compute the reference itself; values are integers stored as float64, so sums are exact whatever
+the order and results are compared with torch.equal.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from commlab.core.communicator import Communicator
+from commlab.core.sparse import (
+    allgather_balanced,
+    allgatherv_pairs,
+    balanced_boundaries,
+    equal_boundaries,
+    split_and_reduce,
+)
+from commlab.testing import run_distributed
+
+
+def contribution(seed: int, rank: int, n: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank ``rank``'s pairs: ``rows`` distinct random indices (unsorted), integer values."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    idx = torch.randperm(n, generator=g)[:rows]
+    val = torch.randint(-50, 51, (rows,), generator=g).to(torch.float64)
+    return idx, val
+
+
+def dense_sum(pairs: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> torch.Tensor:
+    out = torch.zeros(n, dtype=torch.float64)
+    for idx, val in pairs:
+        out.index_add_(0, idx, val)
+    return out
+
+
+def counters(comm: Communicator) -> tuple[int, int]:
+    c = comm.stats.counters
+    return c["elements_sent"], c["bytes_sent"]
+
+
+WORLDS = (2, 3, 4, 8)
+
+
+def communicators(world: int) -> dict[int, Communicator]:
+    """A Communicator over the first s ranks for every s in WORLDS (new_group is collective)."""
+    out = {}
+    for size in WORLDS:
+        group = None if size == world else dist.new_group(list(range(size)))
+        if dist.get_rank() < size:
+            out[size] = Communicator(group, scope="global" if group is None else "local")
+    return out
+
+
+def body(rank: int, world: int) -> dict:
+    return {size: checks_on(comm) for size, comm in communicators(world).items()}
+
+
+def checks_on(comm: Communicator) -> dict:
+    rank, world = comm.rank, comm.size
+    n = 1000 + 7 * world
+    checks: dict[str, bool] = {}
+    for case, rows_of in (("uneven", lambda r: 3 * r), ("empty", lambda r: 0),
+                          ("dense", lambda r: n // 2 + r)):
+        pairs = [contribution(world, r, n, rows_of(r)) for r in range(world)]
+        idx, val = pairs[rank]
+
+        # allgatherv: every rank's pairs, in rank order, exactly; byte accounting exact.
+        e0, b0 = counters(comm)
+        g_idx, g_val, counts = allgatherv_pairs(comm, idx, val, n)
+        e1, b1 = counters(comm)
+        checks[f"{case}_allgatherv"] = (torch.equal(g_idx, torch.cat([p[0] for p in pairs]))
+                                        and torch.equal(g_val, torch.cat([p[1] for p in pairs]))
+                                        and counts == [rows_of(r) for r in range(world)])
+        checks[f"{case}_allgatherv_bytes"] = (
+            e1 - e0 == (world - 1) * (1 + 2 * idx.numel())
+            and b1 - b0 == (world - 1) * (8 + idx.numel() * (4 + 8)))
+        bal_idx, bal_val, _ = allgather_balanced(comm, idx, val, n)
+        checks[f"{case}_balanced"] = torch.equal(bal_idx, g_idx) and torch.equal(bal_val, g_val)
+
+        # split-and-reduce: region of the dense sum, restricted to the union of selected indices.
+        total = dense_sum(pairs, n)
+        union = torch.zeros(n, dtype=torch.bool)
+        for p_idx, _ in pairs:
+            union[p_idx] = True
+        cuts = sorted(torch.randint(0, n + 1, (world - 1,), generator=torch.Generator().manual_seed(world)).tolist())
+        for name, bounds in (("equal", equal_boundaries(n, world)), ("random", [0, *cuts, n]),
+                             ("balanced", balanced_boundaries(comm, torch.sort(idx).values, n))):
+            lo, hi = bounds[rank], bounds[rank + 1]
+            want = torch.nonzero(union[lo:hi]).view(-1) + lo
+            for schedule in ("alltoall", "rounds"):
+                e0, b0 = counters(comm)
+                r_idx, r_val = split_and_reduce(comm, idx, val, bounds, schedule=schedule)
+                e1, b1 = counters(comm)
+                ok = torch.equal(r_idx, want) and torch.equal(r_val, total[want])
+                checks[f"{case}_{name}_{schedule}_split_reduce"] = ok
+                away = int(((idx < lo) | (idx >= hi)).sum())
+                checks[f"{case}_{name}_{schedule}_split_bytes"] = (
+                    e1 - e0 == (world - 1) + 2 * away and b1 - b0 == 8 * (world - 1) + 12 * away)
+            s_idx, order = torch.sort(idx)
+            r_idx, r_val = split_and_reduce(comm, s_idx, val[order], bounds, sorted_indices=True)
+            checks[f"{case}_{name}_sorted_split_reduce"] = torch.equal(r_idx, want) and torch.equal(r_val, total[want])
+        checks[f"{case}_boundaries_monotone"] = bounds[0] == 0 and bounds[-1] == n and all(
+            a <= b for a, b in zip(bounds, bounds[1:], strict=False))
+    return {"checks": checks, "bounds": bounds}
+
+
+def test_sparse_collectives_match_dense_references():
+    results = run_distributed(body, max(WORLDS))
+    for size in WORLDS:
+        on_size = [res[size] for res in results[:size]]
+        for rank, res in enumerate(on_size):
+            failed = [name for name, ok in res["checks"].items() if not ok]
+            assert not failed, f"{size} ranks, rank {rank}: {failed}"
+        # Balanced boundaries are the same on every rank.
+        assert all(res["bounds"] == on_size[0]["bounds"] for res in on_size)
+        assert len(on_size[0]["checks"]) == 3 * (3 + 3 * 5 + 1)
+
+
+BIG = 2**24 + 2**20 + 5  # more elements than float32 represents exactly as integers
+
+
+def big_body(rank: int, world: int) -> dict:
+    """A dense tensor of BIG elements; selected entries above 2^24 must keep their exact index."""
+    comm = Communicator()
+    acc = torch.zeros(BIG, dtype=torch.float32)
+    high = torch.tensor([2**24 + 1, 2**24 + 3 + 2 * rank, BIG - 1, BIG - 2 - rank], dtype=torch.int64)
+    low = torch.tensor([5 + rank, 2**20 + 1], dtype=torch.int64)
+    idx = torch.cat([low, high])
+    acc[idx] = torch.arange(1, idx.numel() + 1, dtype=torch.float32) * (rank + 1)
+    selected = torch.nonzero(acc).view(-1)
+    g_idx, g_val, _ = allgatherv_pairs(comm, selected, acc[selected], BIG)
+    r_idx, r_val = split_and_reduce(comm, selected, acc[selected], equal_boundaries(BIG, world),
+                                    sorted_indices=True)
+    return {"selected": selected, "values": acc[selected], "g_idx": g_idx, "g_val": g_val,
+            "r_idx": r_idx, "r_val": r_val}
+
+
+def test_indices_above_2_pow_24_survive():
+    results = run_distributed(big_body, 2)
+    every_idx = torch.cat([r["selected"] for r in results])
+    every_val = torch.cat([r["values"] for r in results])
+    assert int(every_idx.max()) > 2**24
+    total = torch.zeros(BIG, dtype=torch.float64)
+    total.index_add_(0, every_idx, every_val.double())
+    for res in results:
+        assert torch.equal(res["g_idx"], every_idx)
+        assert torch.equal(res["g_val"], every_val)
+    reduced_idx = torch.cat([r["r_idx"] for r in results])
+    reduced_val = torch.cat([r["r_val"] for r in results])
+    assert torch.equal(reduced_idx, torch.unique(every_idx))
+    assert torch.equal(reduced_val.double(), total[reduced_idx])
+    assert (reduced_idx % 2 == 1).any() and int(reduced_idx.max()) == BIG - 1

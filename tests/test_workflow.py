@@ -1,0 +1,175 @@
+"""The workflow layer (spec parts 2, 8, 9): config validation, lint, the report index, and one
+smoke run from data to report.
+
+Every test works in a copy of the project's files (tracked and not ignored) with its own git
+repository, so the checkout's results, MLflow store and DVC cache are never touched. The end-to-end
+test runs `snakemake --cores 2 --configfile config/smoke.yaml` there: DVC prepares Fashion-MNIST,
+torchrun trains ssgd and ddp (one seed, a 2,048-sample subset), the notebook builds the report
+and the index; then it checks the MLflow runs and that a second run has nothing to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def copy_project(dest: Path) -> Path:
+    """Copy the files git would see (tracked or not ignored) into ``dest`` and ``git init`` it."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file():  # a tracked file may be deleted in the working tree
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    subprocess.run(["git", "init", "-q"], cwd=dest, check=True)
+    return dest
+
+
+def project_env(project: Path) -> dict:
+    """The copy's own code and its own MLflow store; no telemetry."""
+    env = dict(os.environ)
+    env.update(MLFLOW_TRACKING_URI=f"sqlite:///{project}/mlflow.db", PYTHONPATH=str(project / "src"),
+               MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", DVC_NO_ANALYTICS="true")
+    return env
+
+
+def snakemake(project: Path, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*SNAKEMAKE, *args], cwd=project, env=project_env(project), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return copy_project(tmp_path_factory.mktemp("workflow") / "project")
+
+
+def _set(config: dict, dotted: str, value) -> dict:
+    node = config
+    for part in dotted.split(".")[:-1]:
+        node = node.setdefault(part, {})
+    node[dotted.split(".")[-1]] = value
+    return config
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("scael", "smoke", "scael"),  # unknown top-level key
+    ("scale", "huge", "config key scale"),  # bad value
+    ("defaults.train.lrr", 0.1, "lrr"),  # unknown run-config key under defaults
+    ("defaults.method", "nosuch", "config key defaults.method"),  # unknown method name
+    ("papers", ["nosuch"], "nosuch"),  # a paper without a grid
+])
+def test_bad_config_stops_before_any_job(project, tmp_path, key, value, named):
+    config = _set(yaml.safe_load((project / "config/config.yaml").read_text()), key, value)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    result = snakemake(project, "-n", "--configfile", str(bad))
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    assert named in output, output
+    assert "Job stats" not in output and not (project / "results").exists()
+
+
+def test_default_config_plans_data_runs_and_reports(project):
+    result = snakemake(project, "-n", "--cores", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
+    assert counts["train"] == "4" and counts["run_config"] == "4"  # baseline: ssgd, ddp x 2 seeds
+    assert counts["paper_report"] == "1" and counts["report_index"] == "1" and counts["mlflow_init"] == "1"
+    assert "threads: 2" in result.stdout  # 4 workers capped at --cores 2
+
+
+def test_lint_is_clean(project):
+    result = snakemake(project, "--lint")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Lints for" not in result.stdout + result.stderr
+
+
+def _pins(requirements) -> set[str]:
+    return {r.strip() for r in requirements if isinstance(r, str) and "==" in r}
+
+
+def test_conda_files_mirror_pyproject_pins():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pins = _pins(project["dependencies"]) | _pins(project["optional-dependencies"]["dev"])
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
+    assert _pins(pip) == pins
+    rule_env = yaml.safe_load((ROOT / "workflow/envs/commlab.yaml").read_text())
+    rule_pip = next(d["pip"] for d in rule_env["dependencies"] if isinstance(d, dict))
+    assert _pins(rule_pip) <= pins and {"torch==2.14.1", "snakemake==9.27.1"} <= _pins(rule_pip)
+
+
+def test_index_links_reports_and_gathers_claims(tmp_path):
+    from commlab.report.build import build_index
+    from commlab.report.claims import Claim, write_claims
+
+    write_claims("alpha", "Alpha <paper>", [Claim("a beats b", "Fig. 1", "1.0 ± 0", "reproduced"),
+                                            Claim("c", "Tab. 2", "no runs", "not measured")], tmp_path)
+    (tmp_path / "alpha" / "report.html").write_text("<html></html>")
+    write_claims("beta", "Beta", [Claim("x < y", "Fig. 3", "2", "not reproduced", note="smaller model")], tmp_path)
+    page = build_index(tmp_path).read_text()
+    assert page.count('href="alpha/report.html"') == 3  # papers table + two claims rows
+    assert "beta/report.html" not in page  # no report to link, its claims are still gathered
+    assert "Alpha &lt;paper&gt;" in page and "x &lt; y" in page and "smaller model" in page
+    assert page.count("<tr>") == 1 + 2 + 1 + 3  # header + 2 papers, header + 3 claims
+
+
+@pytest.mark.slow
+def test_smoke_run_goes_from_data_to_report(tmp_path):
+    project = copy_project(tmp_path / "project")
+    result = snakemake(project, "--cores", "2", "--configfile", "config/smoke.yaml", timeout=900)
+    logs = "".join(f"\n--- {p}\n{p.read_text()[-3000:]}" for p in sorted((project / "logs").rglob("*.log")))
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:] + logs
+
+    # Data: DVC prepared it, recorded it and pushed it to the local remote.
+    meta = json.loads((project / "data/prepared/fashion_mnist/meta.json").read_text())
+    assert meta["train_shape"] == [60000, 1, 28, 28] and meta["test_shape"] == [10000, 1, 28, 28]
+    assert any((project / "dvc-storage").rglob("*"))
+    status = subprocess.run([sys.executable, "-m", "dvc", "status", "fashion_mnist"], cwd=project,
+                            env=project_env(project), capture_output=True, text=True)
+    assert "up to date" in status.stdout, status.stdout + status.stderr
+
+    # Training: one FINISHED MLflow run per (name, seed) with per-step and per-epoch metrics.
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project}/mlflow.db")
+    experiment = client.get_experiment_by_name("baseline")
+    runs = client.search_runs([experiment.experiment_id])
+    assert sorted((r.data.tags["name"], r.data.tags["seed"], r.info.status) for r in runs) == [
+        ("ddp", "0", "FINISHED"), ("ssgd", "0", "FINISHED")]
+    for run in runs:
+        sentinel = json.loads((project / f"results/baseline/{run.data.tags['name']}/seed0/sentinel.json").read_text())
+        assert sentinel["run_id"] == run.info.run_id
+        losses = client.get_metric_history(run.info.run_id, "train_loss")
+        assert len(losses) >= 3 and losses[-1].value < losses[0].value
+        assert 10.0 < run.data.metrics["test_accuracy"] <= 100.0 and run.data.metrics["bytes_sent"] > 0
+
+    # Reports: the paper's HTML, its claims (ssgd and ddp agree), and the index linking it.
+    html = (project / "reports/baseline/report.html").read_text()
+    assert "ssgd" in html and "ddp" in html and "image/png" in html
+    claims = json.loads((project / "reports/baseline/claims.json").read_text())["claims"]
+    assert [c["verdict"] for c in claims] == ["reproduced"] * 3, claims
+    assert 'href="baseline/report.html"' in (project / "reports/index.html").read_text()
+
+    # A second run has nothing to do, and `snakemake --report` bundles the results.
+    again = snakemake(project, "-n", "--cores", "2", "--configfile", "config/smoke.yaml")
+    assert again.returncode == 0 and "Nothing to be done" in again.stdout + again.stderr, again.stdout
+    bundle = snakemake(project, "--cores", "1", "--configfile", "config/smoke.yaml", "--report",
+                       "reports/snakemake_report.html")
+    assert bundle.returncode == 0, bundle.stdout + bundle.stderr
+    assert (project / "reports/snakemake_report.html").stat().st_size > 10_000

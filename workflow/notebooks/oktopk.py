@@ -1,0 +1,307 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Ok-Topk: near-optimal sparse allreduce (Li & Hoefler, PPoPP'22), with sparse baselines
+#
+# `oktopk` follows the release (Shigangli/Ok-Topk, LSTM/VGG allreducer; module docstring of
+# `commlab.algorithms.oktopk`): residuals, a local threshold recomputed exactly every 32 steps and
+# nudged in between, regions re-balanced every 64 steps, split-and-reduce, a global threshold
+# recomputed every 32 steps, allgatherv, residual kept wherever an entry was not both sent and
+# kept. Baselines: `topk_allgather` (TopkA: allgather of every rank's exact top-k), `gaussiank`
+# (threshold from a normal fit, allgatherv), `gtopk` (tree of pairwise top-k merges, broadcast)
+# and dense `ssgd`. Volume is what the Communicator counted: elements sent per rank and step,
+# indices and values both (the paper's unit), count exchanges included.
+#
+# **Scale.** The default (laptop) grid is trimmed to fit the whole pipeline on a 2-core machine:
+# accuracy runs are Fashion-MNIST CNN on **4 workers only** (the spec asks 4 and 8), density 2%,
+# 8,192 training samples for 2 epochs, **one seed** (the spec asks 3); the volume-scaling runs are a
+# tiny MLP on synthetic data, Ok-Topk for 100 steps at 2, 4, 8 and 16 workers (**not 32**: 32
+# processes need about 13 GB of memory and minutes to start on 2 cores), TopkA, whose volume is the
+# same every step, for 12 steps at 2, 4 and 8 workers only (at 16 its 2k(P-1) is the formula that
+# the measured points and the tests confirm, marked as such). `laptop_full` holds the untrimmed
+# grid (3 seeds, 4 and 8 workers, densities 1% and 2%, both methods at 2-32 workers) and `paper`
+# the VGG-16/CIFAR-10 setting for GPU clusters.
+
+# %% tags=["parameters"]
+paper = "oktopk"
+out_dir = "reports"
+tracking_uri = None
+
+# %%
+# ruff: noqa: E402 - a notebook imports after its parameters cell
+import io
+import json
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+from IPython.display import Image, display
+
+from commlab.grid import grid_title
+from commlab.report.claims import Claim, claims_frame, mean_sd, write_claims
+from commlab.report.collect import load_history, load_runs
+from commlab.report.figures import curves
+
+try:
+    title = grid_title(paper)
+except Exception:  # noqa: BLE001 - the report still builds outside the project root
+    title = "Ok-Topk: near-optimal sparse allreduce"
+runs = load_runs(paper, uri=tracking_uri)
+METRICS = ["train_loss", "test_accuracy", "bytes_sent", "samples", "wall_seconds", "selection_seconds",
+           "algo_volume_over_k", "algo_recv_over_k", "algo_k", "algo_select_ms", "algo_local_selected",
+           "algo_global_selected", "algo_sent_split", "algo_sent_allgather", "algo_sent_repartition",
+           "algo_sent_balance", "algo_sent_tree", "algo_sent_broadcast", "algo_sparse_steps"]
+history = load_history(runs, METRICS, uri=tracking_uri) if not runs.empty else pd.DataFrame(
+    columns=["run_id", "name", "method", "seed", "metric", "step", "value"])
+KEYS = ["run_id", "name", "method", "seed", "step"]
+
+
+def show(fig, name: str) -> None:
+    """Embed a figure as PNG (commlab.report.figures selects the Agg backend, which plt.show()
+    ignores) and save it beside the claims table."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    folder = Path(out_dir) / paper
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.png").write_bytes(buf.getvalue())
+    plt.close(fig)
+    display(Image(buf.getvalue()))
+
+
+if not history.empty:
+    wide = history.pivot_table(index=KEYS, columns="metric", values="value").reset_index()
+    wide.columns.name = None
+    wide = wide.sort_values(["run_id", "step"]).reset_index(drop=True)
+else:
+    wide = pd.DataFrame(columns=KEYS)
+
+
+def param(df, key, default=np.nan):
+    col = f"param.{key}"
+    return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(default, index=df.index)
+
+
+if not runs.empty:
+    runs["warmup"] = param(runs, "method_params.warmup_steps", 0).fillna(0)
+    runs["density"] = param(runs, "method_params.density")
+    runs["scaling"] = runs.name.str.startswith("scale_")
+    # MLflow keeps params as strings: a run without emulated links has network "None".
+    runs["network"] = runs["param.network"].replace({"None": np.nan, "": np.nan}) if "param.network" in runs \
+        else np.nan
+print(f"{len(runs)} finished runs: " + ", ".join(
+    f"{n} x{c}" for n, c in runs.groupby("name").size().items()) if not runs.empty else "no runs yet")
+
+# %% [markdown]
+# ## Volume per rank against the number of workers
+# For each run: the mean of the logged per-window volume (`algo_volume_over_k`, elements sent per
+# sparse step / k) over the **second half of the sparse steps**. Right after the dense warm-up the
+# residuals grow from zero and the reused global threshold (nudged by 1.01 per step) lags behind,
+# so Ok-Topk keeps many more than k entries for its first ~1/density steps; the second half is its
+# steady state. `cumulative` includes that transient. TopkA's volume is 2k(P-1) at every step.
+
+# %%
+def steady(run_id, warmup, col="algo_volume_over_k"):
+    g = wide[(wide.run_id == run_id)].dropna(subset=[col]) if col in wide else pd.DataFrame()
+    if g.empty:
+        return np.nan
+    last = g.step.max()
+    return g[g.step > warmup + (last - warmup) / 2][col].mean()
+
+
+volume = pd.DataFrame()
+if not runs.empty and "algo_volume_over_k" in runs:
+    sparse = runs[runs.algo_volume_over_k.notna()].copy()
+    sparse["steady_volume_over_k"] = [steady(r, w) for r, w in zip(sparse.run_id, sparse.warmup, strict=True)]
+    sparse["steady_recv_over_k"] = [steady(r, w, "algo_recv_over_k")
+                                    for r, w in zip(sparse.run_id, sparse.warmup, strict=True)]
+    volume = sparse.groupby(["method", "workers", "scaling"], as_index=False).agg(
+        runs=("run_id", "count"), k=("algo_k", "first"), volume_over_k=("steady_volume_over_k", "mean"),
+        recv_over_k=("steady_recv_over_k", "mean"), cumulative=("algo_volume_over_k_mean", "mean"))
+    volume["topka_formula"] = 2 * (volume.workers - 1)
+    display(volume.round(3))
+
+scaling = volume[volume.scaling] if not volume.empty else volume
+ok_vol = scaling[scaling.method == "oktopk"].set_index("workers") if not scaling.empty else pd.DataFrame()
+ta_vol = scaling[scaling.method == "topk_allgather"].set_index("workers") if not scaling.empty else pd.DataFrame()
+ratio = pd.DataFrame()
+if not ok_vol.empty:
+    ratio = pd.DataFrame({"oktopk": ok_vol.volume_over_k})
+    ratio["topka_measured"] = ta_vol.volume_over_k if not ta_vol.empty else np.nan
+    ratio["topka_2(P-1)"] = 2 * (ratio.index - 1)
+    ratio["topka_used"] = ratio.topka_measured.fillna(ratio["topka_2(P-1)"])
+    ratio["topka_source"] = np.where(ratio.topka_measured.notna(), "measured", "formula 2k(P-1)")
+    ratio["oktopk_over_topka"] = ratio.oktopk / ratio.topka_used
+    display(ratio.round(3))
+
+# %%
+if not scaling.empty:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.lineplot(data=scaling, x="workers", y="volume_over_k", hue="method", marker="o", ax=ax)
+    ps = np.array(sorted(scaling.workers.unique()))
+    ax.plot(ps, 2 * (ps - 1), "k--", lw=1, label="2k(P-1) (TopkA model)")
+    ax.axhline(6, color="r", ls=":", lw=1, label="6k (Ok-Topk bound)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers P")
+    ax.set_ylabel("elements sent per rank and step / k")
+    ax.legend()
+    ax.set_title("Volume per rank against P (tiny MLP, steady state)")
+    show(fig, "volume_vs_workers")
+
+# %% [markdown]
+# Elements sent per sparse step by phase (rank 0, mean over the logged windows of the second half).
+
+# %%
+PHASES = [c for c in ["algo_sent_split", "algo_sent_repartition", "algo_sent_balance", "algo_sent_allgather",
+                      "algo_sent_tree", "algo_sent_broadcast"] if c in wide]
+if not runs.empty and PHASES:
+    rows = []
+    for r in runs[runs.method != "ssgd"].itertuples():
+        row = {"name": r.name, "workers": r.workers, "k": getattr(r, "algo_k", np.nan)}
+        for c in PHASES:
+            row[c.replace("algo_sent_", "")] = steady(r.run_id, r.warmup, c)
+        rows.append(row)
+    phases = pd.DataFrame(rows).groupby(["name", "workers"]).mean().reset_index()
+    display(phases.round(1))
+
+# %% [markdown]
+# ## Accuracy against bytes (4 workers, Fashion-MNIST CNN)
+
+# %%
+acc_runs = runs[~runs.scaling] if not runs.empty else runs
+if not acc_runs.empty:
+    acc_wide = wide[wide.run_id.isin(acc_runs.run_id)].copy()
+    acc_wide[["test_accuracy", "bytes_sent"]] = acc_wide.groupby("run_id")[["test_accuracy", "bytes_sent"]].ffill()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    curves(acc_wide, "bytes_sent", "test_accuracy", ax=axes[0], logx=True, title="test accuracy against bytes")
+    curves(acc_wide, "samples", "train_loss", ax=axes[1], title="training loss against samples")
+    fig.tight_layout()
+    show(fig, "accuracy_vs_bytes")
+    summary = acc_runs.groupby("name").agg(
+        method=("method", "first"), workers=("workers", "first"), seeds=("seed", "nunique"),
+        test_accuracy=("test_accuracy", "mean"), acc_sd=("test_accuracy", "std"),
+        MB_sent=("bytes_sent", lambda b: b.mean() / 1e6), selection_s=("selection_seconds", "mean"),
+        wall_s=("wall_seconds", "mean")).sort_values("MB_sent")
+    display(summary.round(4))
+
+# %% [markdown]
+# ## Claims
+
+# %%
+claims = []
+
+# 1. Ok-Topk's volume per worker stays below 6k and flat in P.
+if not ok_vol.empty:
+    v = ok_vol.volume_over_k.dropna()
+    below = bool((v < 6).all())
+    flat = bool(v.max() / v.min() < 2) if len(v) > 1 else False
+    verdict = ("reproduced" if below and flat and len(v) >= 3
+               else "partly reproduced" if (v < 6).any() else "not reproduced")
+    claims.append(Claim(
+        "Ok-Topk sends less than 6k elements per worker and step, whatever P (asymptotically optimal)",
+        "abstract; cost model 6k(P-1)/P",
+        "volume/k at P=" + ", ".join(f"{p}: {x:.2f}" for p, x in v.items()),
+        verdict,
+        "tiny MLP (n=25k, k=2%), steady state = second half of the sparse steps; rank 0's counters; "
+        "count exchanges included (P-1 elements per exchange, visible at small k)"))
+else:
+    claims.append(Claim("Ok-Topk sends less than 6k elements per worker and step, whatever P",
+                        "abstract", "no scaling runs", "not measured"))
+
+# 2. TopkA grows as 2k(P-1); the ratio of Ok-Topk to TopkA.
+if not ta_vol.empty:
+    t = ta_vol.volume_over_k.dropna()
+    dev = (t / (2 * (t.index - 1)) - 1).abs().max()
+    ratios = "" if ratio.empty else ", ".join(
+        f"P={p}: {x:.3f} ({s})" for p, x, s in zip(ratio.index, ratio.oktopk_over_topka, ratio.topka_source,
+                                                   strict=True))
+    claims.append(Claim(
+        "TopkA's volume per worker grows as 2k(P-1) while Ok-Topk's stays flat",
+        "cost model (Table 1)",
+        "TopkA volume/k at P=" + ", ".join(f"{p}: {x:.2f}" for p, x in t.items()) + f"; Ok-Topk/TopkA {ratios}",
+        "reproduced" if dev < 0.05 else "not reproduced",
+        f"largest relative deviation from 2(P-1): {dev:.3%}"))
+else:
+    claims.append(Claim("TopkA's volume per worker grows as 2k(P-1)", "cost model", "no TopkA runs", "not measured"))
+
+# 3. Accuracy within about a point of dense allreduce: every sparse run name against ssgd on as
+#    many workers.
+acc_names = acc_runs[acc_runs.method != "ssgd"].groupby("name").first() if not acc_runs.empty else pd.DataFrame()
+if not acc_names.empty:   # Ok-Topk's rows first
+    acc_names = acc_names.sort_values("method", key=lambda m: m != "oktopk", kind="stable")
+for method in ["oktopk", "topk_allgather", "gaussiank", "gtopk"]:
+    if acc_names.empty or method not in set(acc_names.method):
+        claims.append(Claim(f"{method}: accuracy similar to dense allreduce", "Fig. 10-12", "no runs", "not measured"))
+for name, first in acc_names.iterrows():
+    acc = acc_runs[acc_runs.name == name].test_accuracy
+    dense_acc = acc_runs[(acc_runs.method == "ssgd") & (acc_runs.workers == first.workers)].test_accuracy
+    if dense_acc.empty:
+        claims.append(Claim(f"{name}: accuracy similar to dense allreduce", "Fig. 10-12",
+                            f"{mean_sd(acc)}; no ssgd run on {first.workers} workers", "not measured"))
+        continue
+    gap = acc.mean() - dense_acc.mean()
+    spread = max(acc.std() if len(acc) > 1 else 0.0, dense_acc.std() if len(dense_acc) > 1 else 0.0)
+    verdict = "reproduced" if abs(gap) <= 1.0 else "partly reproduced" if abs(gap) <= 2.0 else "not reproduced"
+    claims.append(Claim(
+        f"{name}: test accuracy within about a point of dense allreduce",
+        "Fig. 10-12 (VGG-16 / LSTM / BERT)" if first.method == "oktopk" else "baselines in Fig. 10-12",
+        f"{mean_sd(acc)} vs ssgd {mean_sd(dense_acc)} (gap {gap:+.2f} points)", verdict,
+        f"Fashion-MNIST CNN, {first.workers} workers, density {first.density:g}, short runs; "
+        f"seed spread {spread:.2f} points (n={len(acc)})"))
+
+# 4. The estimated threshold is cheaper than exact top-k.
+sel_note, sel_verdict, sel_ours = "", "not measured", "no runs"
+if not acc_runs.empty and {"oktopk", "topk_allgather"} <= set(acc_runs.method):
+    per_step = acc_runs.assign(ms=1000 * acc_runs.selection_seconds / acc_runs.algo_sparse_steps)
+    ok_ms = per_step[per_step.method == "oktopk"].ms.mean()
+    ta_ms = per_step[per_step.method == "topk_allgather"].ms.mean()
+    sel_ours = f"selection per sparse step: Ok-Topk {ok_ms:.2f} ms (local + global) vs exact top-k {ta_ms:.2f} ms"
+    sel_verdict = "reproduced" if ok_ms < ta_ms else "not reproduced"
+    sel_note = "CNN n=218k on a loaded CPU; "
+bench = Path(out_dir) / "bench" / "selection.json"
+for candidate in (bench, Path("reports/bench/selection.json")):
+    if candidate.exists():
+        rows = pd.DataFrame(json.loads(candidate.read_text())["results"])
+        te = rows[rows.selector == "threshold_estimation"]
+        if not te.empty:
+            sel_note += "selection benchmark, threshold estimation / torch.topk (median call; amortized over 32): " + \
+                ", ".join(f"{d} n={int(n):,}: {r:.3f} ({a:.3f})" for d, n, r, a in
+                          zip(te.device, te.elements, te.ratio_topk, te.ratio_topk_amortized, strict=True))
+            if sel_verdict == "not measured":
+                sel_ours = "see note"
+                sel_verdict = "reproduced" if (te.ratio_topk_amortized < 1).all() else "partly reproduced"
+        break
+claims.append(Claim("Threshold reuse makes selection cheaper than exact top-k", "Sec. 4 / Fig. 7",
+                    sel_ours, sel_verdict, sel_note))
+
+# 5. Throughput gains: measured only on emulated links.
+emulated = runs[runs.network.notna()] if not runs.empty and "network" in runs else pd.DataFrame()
+if emulated.empty:
+    claims.append(Claim(
+        "3.29-12.95x training throughput over dense and the best sparse allreduces, growing with P and as "
+        "bandwidth falls", "abstract (BERT, 256 GPUs)", "no runs on emulated links", "not measured",
+        "loopback has no bandwidth limit; needs runs with `network` set (emulated links) and the cost model"))
+else:
+    tput = emulated.assign(sps=emulated.samples / emulated.wall_seconds)
+    table = tput.groupby(["network", "workers", "method"]).sps.mean().unstack("method")
+    gains = (table["oktopk"] / table.drop(columns="oktopk").max(axis=1)) if "oktopk" in table \
+        else pd.Series(dtype=float)
+    claims.append(Claim(
+        "3.29-12.95x training throughput over dense and the best sparse allreduces", "abstract (BERT, 256 GPUs)",
+        "Ok-Topk / best other: " + ", ".join(f"{k}: {g:.2f}x" for k, g in gains.items()),
+        "partly reproduced" if (gains > 1).any() else "not reproduced", "emulated links, small P"))
+
+write_claims(paper, title, claims, out_dir)
+display(claims_frame(claims))

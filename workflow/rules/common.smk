@@ -1,0 +1,211 @@
+"""Helpers for the rules in workflow/rules/*.smk: config validation, the experiment grid, input functions.
+
+Only functions and settings live here. Everything is decided at parse time, before any job. The
+workflow config is checked against workflow/schemas/config.schema.yaml, its `defaults` against the run
+schema, and every paper's grid is resolved with commlab.grid.resolve_grid (which validates each
+run config). A bad key or value stops Snakemake here with a message naming it.
+
+Adding a paper means: config/papers/<paper>.yaml, workflow/notebooks/<paper>.py, and its name in
+config.yaml's `papers`. Nothing in the rules names a paper.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import yaml
+from jsonschema import Draft202012Validator
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
+
+ROOT = Path(workflow.basedir)
+# Jobs run the code of this checkout (also in a copy of the tree, and under --use-conda, whose
+# environment holds only the third-party packages), found first through PYTHONPATH.
+sys.path.insert(0, str(ROOT / "src"))
+
+from commlab.config import (
+    DEFAULTS,
+    ConfigError,
+    deep_merge,
+    validate_config,
+)  # noqa: E402
+from commlab.grid import resolve_grid  # noqa: E402
+from commlab.registry import DATASETS  # noqa: E402
+
+# Shell commands call `python`, `dvc`: the interpreter running Snakemake (a virtualenv that need
+# not be activated) comes first on PATH; an activated conda env still goes before it.
+_bin = str(Path(sys.executable).parent)
+_path = os.environ.get("PATH", "")
+os.environ.update(
+    PATH=(
+        _path if _path.split(os.pathsep)[0] == _bin else os.pathsep.join([_bin, _path])
+    ),
+    PYTHONPATH=os.pathsep.join(
+        dict.fromkeys(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
+    ),
+)
+for _var in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "DVC_NO_ANALYTICS"):
+    os.environ.setdefault(_var, "true")  # no usage telemetry from MLflow or DVC
+
+DATA_DIR = "data/prepared"  # DVC stage outputs: data/prepared/<dataset> (dvc.yaml)
+MLFLOW_MARKER = "results/.mlflow_init"  # experiments exist; mlflow.db itself is never a file of the DAG
+CONFIG_SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _explain(err) -> str:
+    """One line naming the offending key for a jsonschema error."""
+    path = ".".join(str(p) for p in err.absolute_path)
+    if err.validator == "additionalProperties":
+        allowed = list(err.schema.get("properties", {}))
+        extra = sorted(set(err.instance) - set(allowed))
+        keys = ", ".join(f"{path}.{k}" if path else str(k) for k in extra)
+        return f"unknown config key {keys} (allowed keys at {path or 'the top level'}: {', '.join(allowed)})"
+    return f"config key {path or '(top level)'}: {err.message}"
+
+
+def check_workflow_config(cfg: dict) -> None:
+    """Validate the merged workflow config (schema, then the run-config `defaults`); fill defaults."""
+    schema = yaml.safe_load(CONFIG_SCHEMA.read_text())
+    errors = sorted(
+        Draft202012Validator(schema).iter_errors(cfg),
+        key=lambda e: [str(p) for p in e.absolute_path],
+    )
+    if errors:
+        raise WorkflowError(_explain(errors[0]))
+    validate(cfg, str(CONFIG_SCHEMA))  # fills in the schema's defaults (resources)
+    try:
+        validate_config(deep_merge(DEFAULTS, cfg["defaults"]))
+    except ConfigError as err:
+        raise WorkflowError(
+            str(err).replace("config key ", "config key defaults.", 1)
+        ) from None
+
+
+def resolve_runs(cfg: dict) -> dict:
+    """{(paper, name, seed): run config with output_dir results/<paper>/<name>/seed<seed>}."""
+    runs = {}
+    for paper in cfg["papers"]:
+        try:
+            grid = resolve_grid(paper, cfg["defaults"], scale=cfg["scale"])
+        except ConfigError as err:
+            raise WorkflowError(f"config key papers: {err}") from None
+        notebook = Path("workflow/notebooks") / f"{paper}.py"
+        if not notebook.exists():
+            raise WorkflowError(
+                f"config key papers: {paper!r} has no report notebook {notebook}"
+            )
+        for (name, seed), run in grid.items():
+            runs[(paper, name, seed)] = {
+                **run,
+                "output_dir": f"results/{paper}/{name}/seed{seed}",
+            }
+    return runs
+
+
+check_workflow_config(config)
+RUNS = resolve_runs(config)
+DVC_STAGES = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
+DVC_PARAMS = yaml.safe_load(Path("params.yaml").read_text()) or {}
+
+
+def run_dir(paper: str, name: str, seed: int) -> str:
+    return f"results/{paper}/{name}/seed{seed}"
+
+
+def paper_sentinels(paper: str) -> list:
+    return [f"{run_dir(p, n, s)}/sentinel.json" for (p, n, s) in RUNS if p == paper]
+
+
+def dvc_managed(run: dict) -> bool:
+    """Whether a run reads a dataset that DVC prepares (not generated, default data_dir)."""
+    return not DATASETS.get(run["dataset"]).generated and Path(run["data_dir"]) == Path(
+        DATA_DIR
+    )
+
+
+def needed_datasets() -> list:
+    names = sorted({run["dataset"] for run in RUNS.values() if dvc_managed(run)})
+    missing = [n for n in names if n not in DVC_STAGES]
+    if missing:
+        raise WorkflowError(
+            f"dataset(s) {missing} have no stage in dvc.yaml (stages: {', '.join(DVC_STAGES)})"
+        )
+    return names
+
+
+def data_markers() -> list:
+    return [f"{DATA_DIR}/{name}/meta.json" for name in needed_datasets()]
+
+
+def dvc_stage(wildcards) -> dict:
+    """A dataset's DVC stage and the params it reads: when these change, the data rule runs again."""
+    stage = DVC_STAGES[wildcards.dataset]
+    params = {}
+    for dotted in stage.get("params", []):
+        node = DVC_PARAMS
+        for part in str(dotted).split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        params[dotted] = node
+    return {"stage": stage, "params": params}
+
+
+def run_config(wildcards) -> dict:
+    key = (wildcards.paper, wildcards.name, int(wildcards.seed))
+    if key not in RUNS:
+        raise WorkflowError(
+            f"no run {wildcards.name!r} seed {wildcards.seed} in the {wildcards.paper!r} grid "
+            f"at scale {config['scale']!r}"
+        )
+    return RUNS[key]
+
+
+def run_config_json(wildcards) -> str:
+    """The run config as one JSON string: a rule parameter, so a changed config reruns the run."""
+    return json.dumps(run_config(wildcards))
+
+
+def train_data(wildcards) -> list:
+    run = run_config(wildcards)
+    return [f"{DATA_DIR}/{run['dataset']}/meta.json"] if dvc_managed(run) else []
+
+
+def checkpoints_dir(wildcards) -> str:
+    return f"{run_dir(wildcards.paper, wildcards.name, wildcards.seed)}/checkpoints"
+
+
+def complete_marker(wildcards) -> str:
+    """Written when a run finishes: if its job runs again the run starts afresh (stale
+    checkpoints go), while a run killed before the end resumes from its checkpoints."""
+    return f"{run_dir(wildcards.paper, wildcards.name, wildcards.seed)}/.complete"
+
+
+def train_threads(wildcards) -> int:
+    """Local cores of one run: its workers x threads, capped at --cores so jobs never oversubscribe."""
+    run = run_config(wildcards)
+    want = run["workers"] * run.get("threads", 1)
+    try:
+        return min(want, int(workflow.cores))
+    except (
+        WorkflowError,
+        TypeError,
+        ValueError,
+    ):  # no --cores (dry-run, cluster executors)
+        return want
+
+
+def train_gpus(wildcards) -> int:
+    """GPUs of one run in all (one per worker on every node) when it runs on NCCL, else none."""
+    run = run_config(wildcards)
+    return run["workers"] * run.get("nodes", 1) if run["backend"] == "nccl" else 0
+
+
+def train_cpus(wildcards) -> int:
+    run = run_config(wildcards)
+    return run["workers"] * max(
+        run.get("threads", 1), config["resources"]["cpus_per_worker"]
+    )
+
+
+def train_mem_mb(wildcards) -> int:
+    return run_config(wildcards)["workers"] * config["resources"]["mem_mb_per_worker"]

@@ -1,0 +1,72 @@
+"""Training: one job per (paper, run name, seed) of the resolved grids (workflow/rules/common.smk).
+
+Each job writes its run config, then `commlab launch` validates it and starts torchrun with the
+run's workers; rank 0 logs to MLflow and writes the sentinel (run id, git commit, data hash).
+A job killed mid-run resumes from its checkpoints when rerun (--rerun-incomplete); a job that
+had finished and runs again (changed config or data, --forcerun) starts from scratch.
+"""
+
+
+rule mlflow_init:
+    """Create every paper's MLflow experiment once: parallel jobs creating the store race."""
+    output:
+        MLFLOW_MARKER,
+    log:
+        "logs/mlflow_init.log",
+    localrule: True
+    conda:
+        "../envs/commlab.yaml"
+    params:
+        papers=config["papers"],
+    shell:
+        "python -m commlab mlflow-init {params.papers} --marker {output} > {log} 2>&1"
+
+
+rule run_config:
+    """One run's resolved config; rewritten (and the run retrained from scratch, its old
+    checkpoints removed) when the grid changes it."""
+    output:
+        config="results/{paper}/{name}/seed{seed}/config.yaml",
+    log:
+        "logs/config/{paper}/{name}/seed{seed}.log",
+    localrule: True
+    conda:
+        "../envs/commlab.yaml"
+    params:
+        run=run_config_json,
+        checkpoints=checkpoints_dir,
+        complete=complete_marker,
+    shell:
+        "rm -rf {params.checkpoints} {params.complete} && "
+        "python -c 'import json, sys, yaml; "
+        "sys.stdout.write(yaml.safe_dump(json.loads(sys.argv[1]), sort_keys=False))' "
+        "{params.run:q} > {output.config} 2> {log}"
+
+
+rule train:
+    """One run under torchrun (several nodes through srun inside a SLURM allocation)."""
+    input:
+        config="results/{paper}/{name}/seed{seed}/config.yaml",
+        data=train_data,
+        # Adding a paper re-creates the marker; that must not retrain the other papers' runs.
+        mlflow=ancient(MLFLOW_MARKER),
+    output:
+        sentinel="results/{paper}/{name}/seed{seed}/sentinel.json",
+    log:
+        "logs/train/{paper}/{name}/seed{seed}.log",
+    conda:
+        "../envs/commlab.yaml"
+    threads: train_threads
+    resources:
+        nodes=lambda wildcards: run_config(wildcards)["nodes"],
+        gpu=train_gpus,
+        cpus_per_task=train_cpus,
+        mem_mb=train_mem_mb,
+        runtime=config["resources"]["runtime"],
+    params:
+        checkpoints=checkpoints_dir,
+        complete=complete_marker,
+    shell:
+        "if [ -e {params.complete} ]; then rm -rf {params.checkpoints} {params.complete}; fi; "
+        "python -m commlab launch --config {input.config} --sentinel {output.sentinel} > {log} 2>&1 "
+        "&& touch {params.complete}"
