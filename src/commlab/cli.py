@@ -133,7 +133,9 @@ def _cmd_grid(args) -> int:
         return 0
     started = time.perf_counter()
     for (name, seed), config in selected.items():
-        folder = Path(args.results) / args.paper / name / f"seed{seed}"
+        # Scales get their own folders: a checkpoint of one scale must never resume another.
+        scale_dir = Path(args.results) if args.scale == "laptop" else Path(args.results) / args.scale
+        folder = scale_dir / args.paper / name / f"seed{seed}"
         folder.mkdir(parents=True, exist_ok=True)
         config = {**config, "output_dir": str(folder)}
         (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))

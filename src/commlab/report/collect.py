@@ -57,5 +57,8 @@ def wide_history(history: pd.DataFrame) -> pd.DataFrame:
         return history
     wide = history.pivot_table(index=["run_id", "name", "method", "seed", "step"], columns="metric",
                                values="value").reset_index()
-    return wide.sort_values(["run_id", "step"]).groupby("run_id", group_keys=False).apply(
-        lambda g: g.ffill()).reset_index(drop=True)
+    wide.columns.name = None
+    wide = wide.sort_values(["run_id", "step"]).reset_index(drop=True)
+    cols = [c for c in wide.columns if c not in ("run_id", "name", "method", "seed", "step")]
+    wide[cols] = wide.groupby("run_id")[cols].ffill()
+    return wide

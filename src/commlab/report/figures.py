@@ -3,12 +3,11 @@ global reductions, seconds), one line per method variant, mean and spread over s
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-import seaborn as sns  # noqa: E402
+# No backend is forced here: inside a notebook the inline backend embeds the figures, and
+# without a display matplotlib falls back to Agg by itself.
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
 
 AXIS_LABELS = {
     "samples": "samples processed", "bytes_sent": "bytes sent per rank",
