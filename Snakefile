@@ -3,6 +3,7 @@
     snakemake --cores 2                                   # laptop scale (config/config.yaml)
     snakemake --cores 2 --configfile config/smoke.yaml    # smoke scale: a few minutes
     snakemake data | train_<paper> | report_<paper>       # named targets
+    snakemake --cores 2 bench                             # the benchmark suite (reports/bench/)
     snakemake --report reports/snakemake_report.html      # bundle the reports
 
 The config is validated (workflow/schemas/config.schema.yaml) and every paper's grid resolved in
@@ -33,3 +34,4 @@ rule all:
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/report.smk"
+include: "workflow/rules/bench.smk"

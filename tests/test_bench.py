@@ -38,6 +38,8 @@ def test_collectives_tiny(tmp_path):
     for row in data["sizes"]:
         assert row["ratio"] == pytest.approx(row["communicator_ms"] / row["raw_ms"])
         assert row["raw_samples"] == row["communicator_samples"] == 2
+        assert row["ratio_paired"] > 0 and row["bookkeeping_pct"] > 0
+    assert data["bookkeeping_us_per_call"] > 0
     assert "skipped" in data["network_check"]
 
 

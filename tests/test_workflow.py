@@ -82,13 +82,17 @@ def test_bad_config_stops_before_any_job(project, tmp_path, key, value, named):
     assert "Job stats" not in output and not (project / "results").exists()
 
 
-def test_default_config_plans_data_runs_and_reports(project):
+def test_default_config_plans_every_grid_run_and_report(project):
+    from commlab.grid import resolve_grid
+
+    config = yaml.safe_load((project / "config/config.yaml").read_text())
+    runs = sum(len(resolve_grid(p, config["defaults"], papers_dir=project / "config/papers")) for p in config["papers"])
     result = snakemake(project, "-n", "--cores", "2")
     assert result.returncode == 0, result.stdout + result.stderr
-    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M))
-    assert counts["train"] == "4" and counts["run_config"] == "4"  # baseline: ssgd, ddp x 2 seeds
-    assert counts["paper_report"] == "1" and counts["report_index"] == "1" and counts["mlflow_init"] == "1"
-    assert "threads: 2" in result.stdout  # 4 workers capped at --cores 2
+    counts = {k: int(v) for k, v in re.findall(r"^(\w+)\s+(\d+)$", result.stdout, flags=re.M)}
+    assert counts["train"] == counts["run_config"] == runs >= 4  # baseline alone: ssgd, ddp x 2 seeds
+    assert counts["paper_report"] == len(config["papers"]) and counts["report_index"] == counts["mlflow_init"] == 1
+    assert "threads: 2" in result.stdout and "threads: 4" not in result.stdout  # 4 workers capped at --cores 2
 
 
 def test_lint_is_clean(project):

@@ -154,4 +154,4 @@ def run_history(uri: str, run_id: str, skip: Callable[[str], bool] = lambda key:
 
 def is_timing(key: str) -> bool:
     """Metrics measured in seconds differ between any two runs; everything else must not."""
-    return "seconds" in key or key.endswith("_s") or "time" in key
+    return "seconds" in key or key.endswith(("_s", "_ms")) or "time" in key

@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -69,7 +70,8 @@ def torchrun_command(config: dict, config_path: str, sentinel: str | None) -> li
 
 # ---------------------------------------------------------------------- worker supervision
 def start_workers(argv: list[str], world_size: int, env: Callable[[int], dict],
-                  prefix: Callable[[int], list[str]] = lambda rank: [], log: str | None = None) -> list[subprocess.Popen]:
+                  prefix: Callable[[int], list[str]] = lambda rank: [],
+                  log: str | None = None) -> list[subprocess.Popen]:
     """Start ``world_size`` processes ``prefix(rank) + [python, *argv]`` with ``env(rank)`` added;
     their output goes to ``log`` (appended) when given, else to this process's output."""
     procs = []
@@ -117,6 +119,14 @@ def supervise(procs: list[subprocess.Popen], fail_grace_s: float = 5.0, signal_g
     until their next control point, so they get only ``fail_grace_s``."""
     from commlab.netem import Terminated
 
+    def raise_terminated(signum, frame):
+        raise Terminated(signum)
+
+    # Without an emulated network nobody has claimed SIGTERM yet: claim it, so the workers are not orphaned.
+    claimed = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if claimed:
+        signal.signal(signal.SIGTERM, raise_terminated)
     try:
         while True:
             codes = [p.poll() for p in procs]
@@ -135,6 +145,9 @@ def supervise(procs: list[subprocess.Popen], fail_grace_s: float = 5.0, signal_g
         print(f"[commlab launch] {signal.Signals(sig).name}: forwarding to the workers", file=sys.stderr, flush=True)
         stop_workers(procs, signal_grace_s, sig)
         raise
+    finally:
+        if claimed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_in_network(net, argv: list[str], extra_env: dict | None = None, log: str | None = None,

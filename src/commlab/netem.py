@@ -45,9 +45,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 PREFIX = "commlab"
 INTERFACE = "eth0"  # the worker side of each veth, inside the worker's namespace
@@ -157,10 +158,11 @@ def _stop_pids(pids: list[int], grace_s: float) -> None:
     while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
         time.sleep(0.05)
     for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if _pid_alive(pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def delete_namespaces(names: list[str], grace_s: float = 5.0) -> None:
@@ -409,7 +411,7 @@ class EmulatedNetwork:
 
     # ------------------------------------------------------------------ signals
     def _install_signal_handlers(self) -> None:
-        if not self.handle_signals or not _main_thread():
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             self._previous_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -423,16 +425,6 @@ class EmulatedNetwork:
         if self._closing:
             return
         raise Terminated(signum)
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def spec_dict(spec: NetworkSpec | None) -> dict | None:
-    return None if spec is None else asdict(spec)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -107,9 +107,10 @@ def train(config: dict, sentinel: str | Path | None = None) -> dict:
         return _run(config, rt, stop, sentinel)
     except Preempted:
         raise SystemExit(EXIT_PREEMPTED) from None
-    except dist.DistError as err:
-        print(f"[commlab] rank {rt.rank}: a collective failed ({str(err).splitlines()[0][:200]}); a peer "
-              f"died or stalled for more than timeout_s={config['timeout_s']} s", file=sys.stderr, flush=True)
+    except RuntimeError as err:
+        if isinstance(err, dist.DistError) or any(k in str(err) for k in ("gloo", "NCCL", "Connection")):
+            print(f"[commlab] rank {rt.rank}: a collective failed: a peer died, or stalled for more than "
+                  f"timeout_s={config['timeout_s']} s ({str(err).splitlines()[0][:160]})", file=sys.stderr, flush=True)
         raise
     finally:
         stop.uninstall()

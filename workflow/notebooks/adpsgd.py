@@ -99,8 +99,17 @@ def final_loss(run_id):
     return tail.train_loss.mean()
 
 
+# Runs under emulated links (logged as `network` params, network.bandwidth_mbit first) answer
+# the speed-up claim only; every other claim uses the runs on plain loopback.
+net_cols = sorted((c for c in runs.columns if c.startswith("param.network.")
+                   and any(k in c for k in ("bandwidth", "mbit", "gbit", "rate"))),
+                  key=lambda c: c != "param.network.bandwidth_mbit")
+runs["link"] = pd.to_numeric(runs[net_cols[0]], errors="coerce") if net_cols else np.nan
 if not runs.empty:
     runs["final_loss"] = [final_loss(r) for r in runs.run_id]
+net_runs, runs = runs[runs.link.notna()].copy(), runs[runs.link.isna()].copy()
+base_wide = wide[wide.run_id.isin(runs.run_id)]  # what the figures show
+if not runs.empty:
     runs["period"] = param(runs, "period")
     runs["budget_period"] = param(runs, "budget_period")
     summary = runs.groupby("name").agg(
@@ -180,7 +189,8 @@ if q_names and a_names:
     q_steps = runs[runs.name.isin(q_names)].steps_to_target.mean()
     ratios = {a: runs[runs.name == a].bytes_to_target.mean() / q_bytes for a in a_names}
     step_ratios = {a: runs[runs.name == a].steps_to_target.mean() / q_steps for a in a_names}
-    half = [a for a, r in ratios.items() if r <= 0.6]
+    # "as fast with about half": at most 0.6 of the bytes and at most 1.1 of the steps.
+    half = [a for a in a_names if ratios[a] <= 0.6 and step_ratios[a] <= 1.1]
     claims.append(Claim(
         claim="ADPSGD converges as fast as quantised SGD with about half of its communication",
         paper="abstract; vs gradient-quantisation SGD",
@@ -190,9 +200,10 @@ if q_names and a_names:
              + ", ".join(f"{a} {r:.2f}" for a, r in step_ratios.items()),
         verdict="reproduced" if len(half) == len(ratios) else
                 "partly reproduced" if half else "not reproduced",
-        note="target = the highest of the runs' best smoothed training losses, so each reaches it; "
-             "ratio <= 0.6 counts as half or less. Periodic averaging sends the float32 model "
-             "once per period, QSGD a quantised gradient every step (all-gather, grows with P)"))
+        note=f"{len(half)}/{len(a_names)} ADPSGD variants need <= 0.6 of QSGD's bytes and <= 1.1 of "
+             "its steps; target = the highest of the runs' best smoothed training losses, so each "
+             "reaches it. Periodic averaging sends the float32 model once per period, QSGD a "
+             "quantised gradient every step (all-gather, grows with P)"))
 else:
     claims.append(Claim(
         claim="ADPSGD converges as fast as quantised SGD with about half of its communication",
@@ -200,19 +211,18 @@ else:
         verdict="not measured"))
 
 # ---- 4: speed-up over full-communication SGD, by bandwidth ------------------------------------
-net_cols = [c for c in runs.columns if c.startswith("param.network.")
-            and any(k in c for k in ("bandwidth", "mbit", "gbit", "rate"))] if not runs.empty else []
 loopback = ""
 if not runs.empty and {"ssgd"} <= set(runs.method) and a_names:
     t_ss = runs[runs.method == "ssgd"].wall_seconds.mean()
-    loopback = ("; on unshaped loopback (no emulation) total wall-clock ssgd/adpsgd: "
+    loopback = ("; for reference, total wall-clock ssgd/adpsgd on unshaped loopback: "
                 + ", ".join(f"{a} {t_ss / runs[runs.name == a].wall_seconds.mean():.2f}x"
-                            for a in a_names))
-if net_cols and a_names:
+                            for a in a_names)
+                + " (CPU-bound workers sharing a 2-core machine: communication is a small part "
+                  "of a step here and machine load dominates, so this is not a speed-up measurement)")
+if not net_runs.empty:
     col = net_cols[0]
-    shaped = runs[runs[col].notna() & (runs[col].astype(str) != "None")]
     speed = {}
-    for bw, g in shaped.groupby(col):
+    for bw, g in net_runs.groupby("link"):
         ss, ad = g[g.method == "ssgd"], g[g.method == "adpsgd"]
         if ss.empty or ad.empty:
             continue
@@ -221,12 +231,13 @@ if net_cols and a_names:
         t_a = np.nanmean([cost_to_reach(r, tgt, "wall_seconds") for r in ad.run_id])
         speed[bw] = t_s / t_a
     if speed:
-        order = sorted(speed, key=lambda v: float(v))
-        grows = speed[order[0]] >= speed[order[-1]]
+        order = sorted(speed)
+        grows = speed[order[0]] >= speed[order[-1]]  # slowest link gains the most
         claims.append(Claim(
             claim="ADPSGD is faster than full-communication SGD, more so on slower networks",
             paper="abstract: 1.14-1.27x at 100 Gbit/s, 1.46-1.95x at 10 Gbit/s",
-            ours=", ".join(f"{bw}: {s:.2f}x" for bw, s in sorted(speed.items(), key=lambda kv: float(kv[0]))),
+            ours=", ".join(f"{bw:g} ({col.removeprefix('param.network.')}): {x:.2f}x"
+                           for bw, x in sorted(speed.items())),
             verdict="reproduced" if all(s > 1 for s in speed.values()) and grows else
                     "partly reproduced" if any(s > 1 for s in speed.values()) else "not reproduced",
             note=f"time to a common training loss under emulated links ({col}){loopback}"))
@@ -239,6 +250,22 @@ if not any(c.claim.startswith("ADPSGD is faster") for c in claims):
 
 # ---- 5: synchronise often early, rarely later; re-tighten after the decay ----------------------
 period_rows, grew, tightened = [], 0, 0
+# The paper's premise: at a fixed period, V falls as training goes on. Check it on CPSGD runs.
+premise = ""
+cp_runs = runs[runs.method == "cpsgd"] if not runs.empty else runs
+if not cp_runs.empty and "algo_variance" in wide:
+    changes = []
+    for r in cp_runs.itertuples():
+        g = wide[wide.run_id == r.run_id].dropna(subset=["algo_variance"]).sort_values("step")
+        drop = g.step[g.lr.diff() < 0].min() if "lr" in g else np.nan
+        pre = g[(g.step < drop) if np.isfinite(drop) else g.step.notna()]
+        pre = pre[pre.step > 20]  # after momentum warm-up
+        if len(pre) >= 4:
+            q = len(pre) // 4
+            changes.append(pre.algo_variance.iloc[-q:].mean() / pre.algo_variance.iloc[:q].mean())
+    if changes:
+        premise = (f"; at a fixed period (cpsgd) V changed by x{np.mean(changes):.2f} from the first "
+                   "to the last quarter before the decay (the paper's premise is that it falls)")
 ad_runs = runs[runs.method == "adpsgd"] if not runs.empty else runs
 for r in ad_runs.itertuples():
     g = wide[wide.run_id == r.run_id].dropna(subset=["algo_period"]).sort_values("step")
@@ -263,7 +290,7 @@ if period_rows:
         verdict="reproduced" if grew == len(period_rows) and tightened == len(period_rows) else
                 "partly reproduced" if grew or tightened else "not reproduced",
         note="the period in force can stay longer than the rule's after a reset when the "
-             "synchronisation budget is already spent (budget line)"))
+             "synchronisation budget is already spent (budget line)" + premise))
 else:
     claims.append(Claim(
         claim="Synchronise often early and rarely later; re-tighten after a learning-rate decay",
@@ -282,7 +309,8 @@ if len(pv) >= 3 and "algo_variance" in wide:
              f"{len(pv)} cpsgd/adpsgd runs: {rho:.2f}",
         verdict="reproduced" if rho >= 0.5 else "partly reproduced" if rho > 0 else "not reproduced",
         note="V = mean_i ||x_i - x̄||² at each synchronisation, averaged over the logged steps; "
-             "rho >= 0.5 counts as reproduced"))
+             "rho >= 0.5 counts as reproduced. Across periods, longer periods give both larger V "
+             "and higher loss, so this is consistent with the claim rather than an independent test"))
 else:
     claims.append(Claim(
         claim="The variance of parameters across nodes governs the convergence of periodic averaging",
@@ -295,23 +323,27 @@ display(claims_frame(claims))
 
 # %% [markdown]
 # ## Training loss against synchronisations, bytes and time
-# One line per run (seeds as separate lines, since the x-values differ between seeds).
+# One line per run (seeds as separate lines, since the x-values differ between seeds). The
+# wall-clock panel shows what this machine measured: on a shared 2-core machine the workers are
+# CPU-bound and other load dominates the time, so only runs under emulated links (a `network`
+# setting) speak to the paper's speed-up claim.
 
 # %%
-if wide.empty:
+if base_wide.empty:
     print("no runs to plot")
 else:
-    data = wide.dropna(subset=["train_loss"])
+    data = base_wide.dropna(subset=["train_loss"])
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
     for ax, x, label in zip(axes, ["reductions_global", "bytes_sent", "wall_seconds"],
                             ["synchronisations (global reductions)", "bytes sent per rank",
                              "wall-clock seconds"], strict=True):
-        sns.lineplot(data=data, x=x, y="train_loss", hue="name", units="seed", estimator=None,
+        part = data if x == "wall_seconds" else data[data[x] > 0]
+        sns.lineplot(data=part, x=x, y="train_loss", hue="name", units="seed", estimator=None,
                      ax=ax, linewidth=1)
         ax.set_xlabel(label)
         ax.set_ylabel("training loss")
         if x != "wall_seconds":
-            ax.set_xscale("symlog", linthresh=1 if x == "reductions_global" else 1e5)
+            ax.set_xscale("log")
         if ax is not axes[-1] and ax.get_legend():
             ax.get_legend().remove()
     fig.tight_layout()
@@ -323,10 +355,10 @@ else:
 # synchronisation before each logging step); dotted lines mark learning-rate decays.
 
 # %%
-if wide.empty or "algo_period" not in wide or wide.algo_period.dropna().empty:
+if base_wide.empty or "algo_period" not in base_wide or base_wide.algo_period.dropna().empty:
     print("no cpsgd/adpsgd runs to plot")
 else:
-    data = wide[wide.method.isin(["cpsgd", "adpsgd"])].dropna(subset=["algo_period"])
+    data = base_wide[base_wide.method.isin(["cpsgd", "adpsgd"])].dropna(subset=["algo_period"])
     fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
     sns.lineplot(data=data, x="step", y="algo_period", hue="name", units="seed", estimator=None,
                  ax=axes[0], drawstyle="steps-post", linewidth=1)
@@ -335,7 +367,7 @@ else:
                  units="seed", estimator=None, ax=axes[1], linewidth=1, legend=False)
     axes[1].set_yscale("log")
     axes[1].set_ylabel("V = mean_i ||x_i - x̄||²")
-    lr = wide.dropna(subset=["lr"]).sort_values("step").drop_duplicates("step")
+    lr = base_wide.dropna(subset=["lr"]).sort_values("step").drop_duplicates("step")
     for step in lr.step[lr.lr.diff() < 0]:
         for ax in axes:
             ax.axvline(step, color="grey", linestyle=":")

@@ -108,8 +108,49 @@ if runs.empty:
 else:
     final = runs[["name", "method", "seed", "workers"] + [c for c in FINAL if c in runs]].sort_values(["name", "seed"])
     display(final.reset_index(drop=True))
-    summary = final.groupby("name")[[c for c in FINAL if c in final]].agg(["mean", "std", "count"])
+
+    def spread(values: pd.Series) -> str:
+        sd = values.std(ddof=1) if len(values) > 1 else 0.0
+        return f"{values.mean():.4g} ± {sd:.2g}"
+
+    summary = final.groupby("name").agg(seeds=("seed", "count"),
+                                        **{c: (c, spread) for c in FINAL if c in final})
+    display(Markdown("Mean ± standard deviation over seeds:"))
     display(summary)
+
+# %% [markdown]
+# ## Per-seed gap between the two methods
+#
+# The training loss of ssgd minus that of ddp at every logged step, one line per seed, beside
+# the gap between two seeds of the same method: identical updates start at a gap of zero; float
+# rounding (the sums run in another order) then lets the trajectories drift apart, which should
+# stay within the seed-to-seed variation.
+
+# %%
+if train.empty or not {"ssgd", "ddp"} <= set(train["name"]):
+    display(Markdown("_Needs finished ssgd and ddp runs._"))
+else:
+    loss = train.pivot_table(index=["seed", "samples"], columns="name", values="train_loss")
+    gaps = (loss["ssgd"] - loss["ddp"]).dropna().rename("gap").reset_index()
+    gaps["pair"] = "ssgd - ddp, seed " + gaps["seed"].astype(str)
+    by_seed = loss["ddp"].unstack("seed").dropna()
+    if by_seed.shape[1] > 1:
+        first, second = by_seed.columns[:2]
+        reference = (by_seed[second] - by_seed[first]).rename("gap").reset_index()
+        reference["pair"] = f"ddp seed {second} - ddp seed {first}"
+        gaps = pd.concat([gaps, reference], ignore_index=True)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for pair, g in gaps.groupby("pair"):
+        ax.plot(g["samples"], g["gap"], label=pair, linestyle="--" if pair.startswith("ddp") else "-")
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("samples processed")
+    ax.set_ylabel("training-loss difference")
+    ax.legend()
+    fig.tight_layout()
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    plt.close(fig)
+    display(Image(png.getvalue()))
 
 
 # %%

@@ -14,11 +14,12 @@
 # and `wide_mlp` (communication-heavy: 1.86M parameters in two large fully connected layers),
 # density 0.1%, **one seed, two epochs over a subset** (6,144 samples for ResNet-20: 96 steps of
 # 4 x 32; 12,288 for wide_mlp: 192 steps) and 2,000 test images, so that the whole grid fits the
-# pipeline's time budget on a 2-core machine. Laptop layers are small, so for wide_mlp the size thresholds are scaled (binary
-# search above 1M elements, trimmed top-k above 250k) to exercise both RedSync selectors; every
-# ResNet-20 layer stays below them. A hundred or two steps at 0.1% density are far fewer than the
-# paper's 160 epochs: accuracy gaps here measure early training, where residual methods lag most
-# (and ResNet-20's batch-norm statistics still move fast, so its early test accuracy is erratic).
+# pipeline's time budget on a 2-core machine. Laptop layers are small, so for wide_mlp the size
+# thresholds are scaled (binary search above 1M elements, trimmed top-k above 250k) to exercise
+# both RedSync selectors; every ResNet-20 layer stays below them. A hundred or two steps at 0.1%
+# density are far fewer than the paper's 160 epochs: accuracy gaps here measure early training,
+# where residual methods lag most (and ResNet-20's batch-norm statistics still move fast, so its
+# early test accuracy is erratic).
 # `laptop_full` (3 seeds, full training set, 2 epochs, plus dgc on ResNet-20 and the quantised,
 # threshold-reuse and warm-up variants) and `paper` are in `config/papers/redsync.yaml`.
 
@@ -111,10 +112,11 @@ else:
 
 # %% [markdown]
 # ## Claims
-# 1. **Message about 0.1% of the gradient, accuracy near dense** (abstract), per model:
-#    `sent_fraction` = values sent per step (compressed layers' selected entries plus the tiny
-#    layers sent dense) / parameters; bytes per step (steady state, between the first and last
-#    logged steps) also count the indices and the counts. Near dense: the final
+# 1. **Message about 0.1% of the gradient, accuracy near dense** (abstract), per model: the
+#    verdict uses `selected_fraction` (entries sent per step / elements of the compressed layers:
+#    the RGC messages); `sent_fraction` adds the tiny layers sent dense (over all parameters);
+#    bytes per step (steady state, between the first and last logged steps) also count the
+#    indices and the counts. Near dense: the final
 #    test accuracy within max(1 point, 2 s.d. over seeds) of `ssgd` on the same data.
 # 2. **Selection faster than exact top-k on large layers** (paper section on selection): mean
 #    milliseconds per call of RedSync's selectors against `dgc`'s exact top-k on the same layer sizes
@@ -156,23 +158,24 @@ for model in models or ["resnet20", "wide_mlp"]:
             paper="abstract; CIFAR-10/ImageNet/LSTM at 0.1% density", ours="no runs", verdict="not measured",
             note="needs finished redsync and ssgd runs of this model"))
         continue
-    frac = ours.algo_sent_fraction.astype(float)
+    frac = ours.algo_sent_fraction.astype(float).mean()  # all layers, dense ones included
+    selected = ours.algo_selected_fraction.astype(float).mean()  # compressed layers: the RGC messages
     byte_ratio = ours.bytes_per_step.mean() / dense.bytes_per_step.mean()
     gap = dense.test_accuracy.mean() - ours.test_accuracy.mean()
-    small = frac.mean() <= MESSAGE_SLACK * PAPER_DENSITY
+    small = selected <= MESSAGE_SLACK * PAPER_DENSITY
     close = near(gap, [dense.test_accuracy.std(), ours.test_accuracy.std()])
     verdict = "reproduced" if small and close else ("partly reproduced" if small or close else "not reproduced")
     claims.append(Claim(
         claim=f"RGC sends about 0.1% of the gradient with accuracy near dense ({model})",
         paper="abstract; CIFAR-10/ImageNet/LSTM at 0.1% density",
-        ours=(f"values sent per step {100 * frac.mean():.3g}% of the parameters "
-              f"(compressed layers {100 * ours.algo_selected_fraction.astype(float).mean():.3g}%), "
-              f"bytes per step {100 * byte_ratio:.3g}% of ssgd's; test accuracy "
-              f"{mean_sd(ours.test_accuracy)} vs ssgd {mean_sd(dense.test_accuracy)} (gap {gap:.2f} points)"),
+        ours=(f"compressed layers send {100 * selected:.3g}% of their entries per step; with the layers "
+              f"sent dense, {100 * frac:.3g}% of all parameters; bytes per step {100 * byte_ratio:.3g}% of "
+              f"ssgd's; test accuracy {mean_sd(ours.test_accuracy)} vs ssgd {mean_sd(dense.test_accuracy)} "
+              f"(gap {gap:.2f} points)"),
         verdict=verdict,
-        note=(f"layers of at most 1024 elements (biases, batch norm, small convs) go dense: "
-              f"{100 * (frac.mean() - ours.algo_selected_fraction.astype(float).mean() * compressed_share(ours)):.2g}"
-              f"% of the parameters every step; each value also carries a 4-byte index; "
+        note=(f"layers of at most 1024 elements (biases, batch norm, small convs) go dense, as in the "
+              f"release: {100 * (frac - selected * compressed_share(ours)):.2g}% of the parameters every "
+              f"step; each value also carries a 4-byte index; "
               + ("message within 2.5x of 0.1%" if small else "message above 2.5x of 0.1%")
               + "; " + ("accuracy within tolerance" if close else
                         "accuracy gap above tolerance after a short laptop run (two epochs over a subset)"))))
@@ -212,34 +215,38 @@ for n in sorted(set(large.n)):
     ref = large[(large.n == n) & (large.method == "dgc") & (large.selector == "exact_topk")]
     if len(mine) and len(ref):
         pairs.append((n, mine.selector.iloc[0], ref.ms.mean() / mine.ms.mean(), mine.ms.mean(), ref.ms.mean()))
-bench_note = ""
-if len(bench):
-    b = bench[bench.selector.isin(["binary_search", "trimmed_topk"])]
-    bench_note = "; benchmark (x faster than torch.topk): " + ", ".join(
-        f"{r.selector} n={r.n:,} {r.device} {1 / r.ratio_topk:.2f}x" for r in b.itertuples())
-if pairs:
-    faster = [p for p in pairs if p[2] > 1]
-    verdict = "reproduced" if len(faster) == len(pairs) else ("partly reproduced" if faster else "not reproduced")
-    ours = "; ".join(f"n={n:,}: {s} {m:.2f} ms vs exact top-k {r:.2f} ms ({x:.2f}x)" for n, s, x, m, r in pairs)
+def verdict_of(flags: list[bool]) -> str:
+    if not flags:
+        return "not measured"
+    return "reproduced" if all(flags) else ("partly reproduced" if any(flags) else "not reproduced")
+
+
+CLAIM_2 = "RedSync's selectors are faster than exact top-k on large layers"
+PAPER_2 = "selection cost analysis (trimmed top-k for 1M-4M elements, threshold binary search above 4M; GPU)"
+# The benchmark covers the paper's large-layer regime (1M-100M elements); the training runs only
+# laptop layers of at most 1M elements, where a selection takes milliseconds and timings on a
+# shared machine are noisy. So the benchmark decides when it exists, the runs otherwise.
+big = bench[bench.selector.isin(["binary_search", "trimmed_topk"]) & (bench.n >= 1_000_000)] \
+    if len(bench) else bench
+bench_text = ", ".join(f"{r.selector} n={r.n:,} ({r.device}) {1 / r.ratio_topk:.2f}x" for r in big.itertuples())
+runs_text = "; ".join(f"n={n:,}: {s} {m:.2f} ms vs exact top-k {r:.2f} ms ({x:.2f}x)" for n, s, x, m, r in pairs)
+if len(big):
     claims.append(Claim(
-        claim="RedSync's selectors are faster than exact top-k on large layers",
-        paper="selection cost analysis (trimmed top-k 1M-4M, threshold binary search above 4M; GPU)",
-        ours=ours + bench_note, verdict=verdict,
-        note="CPU (one thread per worker), inside training runs of wide_mlp with scaled size thresholds; "
-             "the paper measured GPU kernels on larger layers"))
-elif len(bench):
-    b = bench[bench.selector.isin(["binary_search", "trimmed_topk"]) & (bench.n >= 1_000_000)]
-    faster = b[b.ratio_topk < 1]
-    verdict = "not measured" if b.empty else (
-        "reproduced" if len(faster) == len(b) else ("partly reproduced" if len(faster) else "not reproduced"))
+        claim=CLAIM_2, paper=PAPER_2, verdict=verdict_of(list(big.ratio_topk < 1)),
+        ours=f"benchmark, x faster than torch.topk: {bench_text}"
+             + (f"; in the training runs: {runs_text}" if runs_text else ""),
+        note="verdict from `commlab bench selection` at 1M elements and above; the training runs' layers "
+             "(at most 1M elements, CPU, one thread per worker) are shown for reference"))
+elif pairs:
     claims.append(Claim(
-        claim="RedSync's selectors are faster than exact top-k on large layers",
-        paper="selection cost analysis (GPU)", ours=bench_note.lstrip("; ") or "no selector rows",
-        verdict=verdict, note="from the selection benchmark only (no redsync/dgc training runs)"))
+        claim=CLAIM_2, paper=PAPER_2, verdict=verdict_of([p[2] > 1 for p in pairs]), ours=runs_text,
+        note="inside training runs of wide_mlp (CPU, one thread per worker) with scaled size thresholds: "
+             "laptop layers of 0.8M-1M elements, where a selection takes milliseconds and timings on a "
+             "shared machine are noisy; the paper's regime (GPU, layers above 4M) needs the selection "
+             "benchmark"))
 else:
     claims.append(Claim(
-        claim="RedSync's selectors are faster than exact top-k on large layers",
-        paper="selection cost analysis (GPU)", ours="no runs", verdict="not measured",
+        claim=CLAIM_2, paper=PAPER_2, ours="no runs", verdict="not measured",
         note="needs redsync and dgc runs of wide_mlp, or `commlab bench selection`"))
 
 # %%

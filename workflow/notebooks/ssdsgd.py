@@ -29,8 +29,15 @@
 # 3 x 3 grid. `--scale laptop_full` runs the full grid (3 seeds, all of Fashion-MNIST, every local
 # rule for OD-SGD and SSD-SGD k = 2, 5, and SSD-SGD without warm-up).
 #
+# **Learning-rate schedule.** Laptop runs keep the project's constant learning rate. A cosine
+# schedule over the same 187 steps was tried once (2 seeds): SSGD 82.6%, OD-SGD 80.1%, SSD-SGD
+# k=2 80.2%, k=5 77.9% (GLU), i.e. the delayed methods, slower in the first steps after warm-up,
+# are annealed before they catch up; with a constant rate OD-SGD ends level with SSGD. The papers'
+# step schedules decay only after many epochs (80 of 160 on CIFAR-10).
+#
 # **Speed is measured on loopback**: 4 worker processes on a 2-core machine, where an allreduce of
-# the 220k-parameter CNN costs little next to compute. The papers' speed-ups come from slow
+# the 220k-parameter CNN costs little next to compute, and there is no idle core for the overlapped
+# allreduce to run on (its CPU work competes with compute). The papers' speed-ups come from slow
 # networks (parameter servers over 1-10 Gbit/s); those are measured once emulated links exist
 # (network emulation is a separate module). The loopback numbers below are reported as measured.
 
@@ -108,6 +115,7 @@ def paired(a: str, b: str, metric: str) -> tuple[pd.Series, pd.Series]:
 
 
 def speed_and_accuracy(fast: str, base: str = "ssgd") -> tuple[str, float | None, float | None]:
+    """Text, smallest per-seed speed-up (wall of base / wall of fast) and mean accuracy difference."""
     wall_f, wall_b = paired(fast, base, "wall_seconds")
     acc_f, acc_b = paired(fast, base, "test_accuracy")
     if wall_f.empty or acc_f.empty:
@@ -117,7 +125,7 @@ def speed_and_accuracy(fast: str, base: str = "ssgd") -> tuple[str, float | None
     text = (f"{fast} vs {base}: speed-up {mean_sd(speedup)} (wall {wall_b.mean():.1f} s -> "
             f"{wall_f.mean():.1f} s); accuracy {acc_f.mean():.2f}% vs {acc_b.mean():.2f}%, "
             f"difference {mean_sd(diff)} points")
-    return text, float(speedup.mean()), float(diff.mean())
+    return text, float(speedup.min()), float(diff.mean())
 
 
 LOOPBACK = ("Measured on loopback (4 processes on 2 CPU cores), where communication is a small part "
@@ -126,6 +134,7 @@ LOOPBACK = ("Measured on loopback (4 processes on 2 CPU cores), where communicat
 claims = []
 
 ours, speedup, diff = speed_and_accuracy("ssd_k5_glu")
+ours_k2, _, _ = speed_and_accuracy("ssd_k2_glu")
 if speedup is None:
     verdict = "not measured"
 else:
@@ -134,7 +143,8 @@ else:
 claims.append(Claim(
     "SSD-SGD trains faster than SSGD (up to 110%, i.e. 2.1x) with accuracy within about a point",
     "SSD-SGD abstract and evaluation: CIFAR-10 ResNet-20, ImageNet ResNet-50, k = 5, GLU",
-    ours, verdict, LOOPBACK + " Speed-up counts as >= 1.05x."))
+    ours + (f". With k = 2: {ours_k2}" if ours_k2 != "no runs" else ""), verdict,
+    LOOPBACK + " Faster = at least 1.05x on every seed; the verdict uses k = 5, the papers' setting."))
 
 ours, speedup, diff = speed_and_accuracy("odsgd_glu")
 if diff is None:
@@ -154,26 +164,53 @@ claims.append(Claim(
     "OD-SGD trains faster than SSGD (and than ASGD)",
     "OD-SGD abstract; throughput figures on GPU clusters",
     ours.split("; accuracy")[0] if speedup is not None else ours, verdict,
-    LOOPBACK + " No ASGD baseline here (see the module's closing note)."))
+    LOOPBACK + " Faster = at least 1.05x on every seed. No ASGD baseline here: the training loop "
+    "runs every rank in lockstep, which an asynchronous parameter server would not."))
 
 acc_glu, acc_sgd = paired("ssd_k5_glu", "ssd_k5_sgd", "test_accuracy")
 if acc_glu.empty:
     ours, verdict = "no runs", "not measured"
 else:
     gain = acc_glu - acc_sgd
-    spread = float(values("ssd_k5_glu", "test_accuracy").std(ddof=1) or 0) + \
-        float(values("ssd_k5_sgd", "test_accuracy").std(ddof=1) or 0)
+    spread = float(np.nansum([values(n, "test_accuracy").std(ddof=1) for n in ("ssd_k5_glu", "ssd_k5_sgd")]))
     dc = values("ssd_k5_dcasgd", "test_accuracy")
     ours = (f"SSD-SGD k=5: GLU {acc_glu.mean():.2f}%, plain local SGD {acc_sgd.mean():.2f}%"
             + (f", DC-ASGD {dc.mean():.2f}%" if not dc.empty else "")
             + f"; GLU - plain = {mean_sd(gain)} points (seed spread {spread:.2f})")
-    verdict = ("reproduced" if gain.mean() >= 0.5 and gain.mean() > spread
-               else "partly reproduced" if gain.mean() > 0 else "not reproduced")
+    consistent = bool((gain > 0).all()) and gain.mean() >= 0.5
+    verdict = ("reproduced" if consistent and gain.mean() > spread
+               else "partly reproduced" if consistent else "not reproduced")
+    glu_note = "" if gain.mean() > spread else " The difference is within the seed spread."
 claims.append(Claim(
     "GLU is needed: plain local updates lose accuracy",
     "SSD-SGD ablation of the local update algorithm (CIFAR-10)",
-    ours, verdict, "Reproduced when GLU gains at least half a point and more than the seed spread. "
-    "GLU is our reconstruction from the paper's description (the released kernel is broken)."))
+    ours, verdict, "Reproduced when GLU gains at least half a point on average, on every seed, and "
+    "more than the seed spread. GLU is our reconstruction from the paper's description (the "
+    "released kernel is broken)." + (glu_note if not acc_glu.empty else "")))
+
+share_ssgd = values("ssgd", "blocked_share")
+delayed = ["odsgd_glu", "ssd_k2_glu", "ssd_k5_glu"]
+if share_ssgd.empty or all(values(n, "blocked_share").empty for n in delayed):
+    ours, verdict = "no runs", "not measured"
+else:
+    parts, lower, same_bytes = [f"ssgd {share_ssgd.mean():.1%}"], True, True
+    for n in delayed:
+        share = values(n, "blocked_share")
+        if share.empty:
+            continue
+        parts.append(f"{n} {share.mean():.1%}")
+        lower &= share.mean() < share_ssgd.mean()
+        b_n, b_s = paired(n, "ssgd", "bytes_sent")
+        same_bytes &= bool(len(b_n)) and bool(((b_n - b_s).abs() <= 0.01 * b_s).all())
+    ours = "blocked share of wall-clock: " + ", ".join(parts) + \
+        ("; bytes sent equal to SSGD's" if same_bytes else "; bytes sent differ from SSGD's")
+    verdict = "reproduced" if lower and same_bytes else "partly reproduced" if lower else "not reproduced"
+claims.append(Claim(
+    "The gain is overlap, not volume: the same gradients are sent every step, but steps block less "
+    "on communication than SSGD's",
+    "OD-SGD/SSD-SGD design (one allreduce per step, pulled weights overlapped with compute)",
+    ours, verdict, "Blocked = synchronous collectives plus waits on asynchronous ones (warm-up "
+    "steps included). On loopback the allreduce is short, so the absolute saving is small."))
 
 acc_w, acc_nw = paired("ssd_k5_glu", "ssd_k5_glu_nowarmup", "test_accuracy")
 if acc_w.empty:

@@ -18,12 +18,12 @@ glu        ``d = (1 - beta) * g + beta * g_global``: global gradient for local u
 
 GLU is a reconstruction (the released kernel is broken and the paper's full text was not at
 hand): "use the latest global gradient to correct the delayed local weights". We read it as
-mixing the worker's own gradient with the latest global signal the worker holds, which is either
-the global replica's latest update divided by its learning rate (``glu_source: update``, the
-default: momentum included, what a parameter-server worker sees from two successive pulls, as the
-weight-difference term of the released code's local optimizers) or the latest allreduce-averaged
-gradient (``glu_source: gradient``: the gradient of P workers, a lower-variance estimate of the
-step the local replica is missing). ``beta`` is configurable; ``beta = 0`` is plain local SGD.
+mixing the worker's own gradient with the latest global signal the worker holds: by default the
+latest allreduce-averaged gradient (``glu_source: gradient``: the gradient of P workers, a
+lower-variance estimate of the step the local replica is missing), or the global replica's latest
+update divided by its learning rate (``glu_source: update``: momentum included, what a
+parameter-server worker sees from two successive pulls, as the weight-difference term of the
+released code's local optimizers). ``beta`` is configurable; ``beta = 0`` is plain local SGD.
 
 ``w_now`` differs from ``w_grad`` only on the steps where the local replica was just overwritten
 by the global one (every k steps), so ``dcasgd`` compensates exactly there.

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
-from commlab.compress.threshold import ThresholdEstimator, ThresholdOptions, passing
+from commlab.compress.threshold import ThresholdEstimator, ThresholdOptions, magnitudes_into, passing
 from commlab.core.sparse import (
     SCHEDULES,
     allgather_equal,
@@ -92,16 +92,15 @@ class OkTopk(SparseAlgorithm):
         self.local = ThresholdEstimator(self.options.local_thresholds())
         self.global_ = ThresholdEstimator(self.options.global_thresholds())
         self.boundaries = equal_boundaries(self.n, self.comm.size)
+        self.mags: torch.Tensor | None = None  # |acc| buffer reused between steps
 
     # ---- one step ------------------------------------------------------------------------------
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         o, k = self.options, self.k
         with self.selecting(acc.device) as box:
-            mags = acc.abs()
-            thr = self.local.threshold(mags, k, step)
-            selected = torch.nonzero(passing(acc, mags, thr)).view(-1)
+            self.mags = magnitudes_into(acc, self.mags)
+            selected = self.local.select(acc, self.mags, k, step)    # guarded, then nudged
             box[0] = selected.numel()
-        self.local.observe(selected.numel(), k)
         self.note("local_selected", selected.numel())
 
         if step % o.repartition_every == 0:

@@ -197,6 +197,7 @@ class RedSync(Algorithm):
         self.n_compressed = offset
         self.n_total = sum(layer.n for layer in self.layers)
         self.density = o.density
+        self._dense_out: torch.Tensor | None = None  # decompression buffer of the compressed layers
         self.totals: dict[str, float] = defaultdict(float)  # cumulative counters (checkpointed)
 
     # ---- one step ------------------------------------------------------------------------------
@@ -231,7 +232,7 @@ class RedSync(Algorithm):
 
     def _correct(self, layer: Layer, g: torch.Tensor) -> None:
         """Momentum correction and residual accumulation (Nesterov: v += m*u + g)."""
-        layer.u.mul_(self.m).add_(g)
+        torch.add(g, layer.u, alpha=self.m, out=layer.u)  # u = m*u + g in one pass
         if self.nesterov:
             layer.v.add_(layer.u, alpha=self.m).add_(g)
         else:
@@ -284,7 +285,9 @@ class RedSync(Algorithm):
         p = self.comm.size
         itype = index_dtype(self.n_compressed)
         idx = torch.cat([i + layer.offset for (i, _), layer in zip(messages, layers, strict=True)]).to(itype)
-        out = torch.zeros(self.n_compressed, dtype=layers[0].v.dtype, device=layers[0].v.device)
+        if self._dense_out is None:  # reused every step: allocating it costs page faults
+            self._dense_out = torch.empty(self.n_compressed, dtype=layers[0].v.dtype, device=layers[0].v.device)
+        out = self._dense_out.zero_()
         if self.quantized:
             means = torch.cat([mean for _, mean in messages])
             parts = self.comm.all_gatherv(idx)
@@ -292,12 +295,11 @@ class RedSync(Algorithm):
             starts = torch.tensor([layer.offset for layer in layers], dtype=torch.int64, device=out.device)
             for rank, part in enumerate(parts):
                 which = torch.searchsorted(starts, part.long(), right=True) - 1
-                out.index_add_(0, part.long(), all_means[rank][which])
+                out.index_add_(0, part.long(), all_means[rank][which] / p)
         else:
             values = torch.cat([v for _, v in messages])
             all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, values, self.n_compressed)
-            out.index_add_(0, all_idx, all_val)
-        out.div_(p)
+            out.index_add_(0, all_idx, all_val / p)  # divide the few values, not the dense sum
         for layer in layers:
             self._write_grad(layer, out[layer.offset:layer.offset + layer.n])
 

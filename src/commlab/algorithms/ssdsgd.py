@@ -77,7 +77,7 @@ class DelayedOptions:
     dc_adaptive: bool = True  # dcasgd: divide lambda by the root mean square of the gradient
     dc_ms_decay: float = 0.95  # dcasgd: decay of that mean square
     glu_weight: float = 0.5  # glu: weight of the latest global gradient in the local direction
-    glu_source: str = "update"  # glu: update (latest global step / its lr) | gradient (latest average)
+    glu_source: str = "gradient"  # glu: gradient (latest average) | update (latest global step / its lr)
     bucket_mb: float = 25.0  # allreduce bucket size in MB (as ssgd, so warm-up equals ssgd)
 
     def validate(self) -> None:

@@ -138,9 +138,9 @@ class Workdir:
         self.keep = keep
         self.uri = f"sqlite:///{self.path / 'mlflow.db'}"
         self.count = 0
-        from commlab.tracking import ensure_experiments
-
-        ensure_experiments(["bench"], self.uri)  # once, before any worker touches the store
+        # Once, before any worker touches the store. A plain client: mlflow.set_tracking_uri would
+        # export MLFLOW_TRACKING_URI and pin every later store of this process to this one.
+        _mlflow_client(self.uri).create_experiment("bench")
 
     def close(self) -> None:
         if not self.keep:
@@ -179,11 +179,16 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     return result
 
 
+def _mlflow_client(uri: str):
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(uri)
+
+
 def metric_points(uri: str, run_id: str) -> list[dict]:
     """The run's logged metrics as one dict per logged step."""
-    from commlab.tracking import client
-
-    c = client(uri)
+    c = _mlflow_client(uri)
     by_step: dict[int, dict] = {}
     for key in POINT_KEYS:
         for m in c.get_metric_history(run_id, key):
@@ -213,17 +218,26 @@ def step_summary(points: list[dict], workers: int, batch: int) -> dict:
             "reductions_per_step": per_step("reductions_global")}
 
 
-def base_config(args, method: str, workers: int) -> dict:
-    """A short training run of ``method`` from the benchmark's common options."""
+def base_config(args, method: str, workers: int, steady: bool = True) -> dict:
+    """A short training run of ``method`` from the benchmark's common options; ``steady`` sets a
+    method's ``warmup_steps`` to 0 (unless given or ``--keep-warmup``)."""
     config = {"paper": "bench", "name": method, "method": method, "seed": args.seed, "workers": workers,
               "model": args.model, "dataset": args.dataset, "data_dir": args.data_dir, "threads": 1,
               "timeout_s": 300.0,
               "train": {"epochs": getattr(args, "epochs", 1), "batch_size": args.batch_size, "lr": args.lr,
                         "log_every": args.log_every, "max_steps": getattr(args, "max_steps", None)}}
-    params = {k.split(".", 1)[1]: v for k, v in (p.split("=", 1) for p in args.param or [])
+    params = {k.split(".", 1)[1]: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in args.param or [])
               if k.split(".", 1)[0] == method}
+    if steady and not getattr(args, "keep_warmup", False):
+        # Short speed runs measure the method itself, not its dense warm-up phase.
+        from dataclasses import fields
+
+        from commlab.registry import ALGORITHMS
+
+        if "warmup_steps" in {f.name for f in fields(ALGORITHMS.get(method).Options)}:
+            params.setdefault("warmup_steps", 0)
     if params:
-        config["method_params"] = {k: yaml.safe_load(v) for k, v in params.items()}
+        config["method_params"] = params
     return config
 
 
@@ -240,6 +254,8 @@ def add_training_arguments(parser: argparse.ArgumentParser, model: str = "cnn") 
     parser.add_argument("--param", action="append", metavar="METHOD.key=value",
                         help="a method option, e.g. --param kstep.period=8 (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder of the runs (logs, MLflow)")
+    parser.add_argument("--keep-warmup", action="store_true",
+                        help="keep each method's dense warm-up steps (default for speed runs: warmup_steps=0)")
 
 
 def resolve_dataset(args) -> str:

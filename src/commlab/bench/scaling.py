@@ -27,9 +27,21 @@ import json
 from pathlib import Path
 
 from commlab import costmodel as cm
-from commlab.bench.common import (OUT_DIR, Workdir, add_output_arguments, add_training_arguments, base_config,
-                                  emulation_unavailable, gpu_model_step_times, md_table, network_context,
-                                  resolve_dataset, run_training, step_summary, write_report)
+from commlab.bench.common import (
+    OUT_DIR,
+    Workdir,
+    add_output_arguments,
+    add_training_arguments,
+    base_config,
+    emulation_unavailable,
+    gpu_model_step_times,
+    md_table,
+    network_context,
+    resolve_dataset,
+    run_training,
+    step_summary,
+    write_report,
+)
 from commlab.registry import BENCHMARKS
 
 DEFAULT_P = [4, 8, 16, 32, 64, 128, 256, 512, 1024]

@@ -7,10 +7,11 @@ For each device and size n (default 1M, 10M and 100M float32 normal entries) and
 * ``read``: ``x.sum()``, one pass over the tensor: the memory-bandwidth floor of any selection;
 * ``torch.topk``: ``torch.topk(x.abs(), k)``, the exact reference;
 * every selector in ``SELECTORS`` (selectors registered later appear by themselves), a fresh
-  instance called up to ``--calls`` times on the same tensor (or until ``--budget`` seconds):
-  ``first`` is the first call (for stateful selectors the exact one), ``median`` the median of the
-  later calls (their steady state: a reused threshold), and for selectors that recompute every
-  ``recompute_every`` calls ``amortized`` = (first + (T-1)·median)/T.
+  instance called on the same tensor, ``--calls`` rounds or more, all entries interleaved round by
+  round (so that drift in the machine's load hits all alike): ``first`` is the first call (for
+  stateful selectors the exact one), ``median`` the median of the later calls (their steady
+  state: a reused threshold), and for selectors that recompute every ``recompute_every`` calls
+  ``amortized`` = (first + (T-1)·median)/T.
 
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
 median / read (both < 1 is impossible for ratio_read: it is the floor); the markdown table is
@@ -46,44 +47,53 @@ def _timed(fn, device: torch.device):
     return time.perf_counter() - t0, out
 
 
-def _repeat(fn, device: torch.device, calls: int, budget: float) -> tuple[list[float], object]:
-    """Call ``fn`` up to ``calls`` times (at least twice) or until ``budget`` seconds are spent."""
-    times, out, spent = [], None, 0.0
-    for i in range(calls):
-        seconds, out = _timed(fn, device)
-        times.append(seconds)
-        spent += seconds
-        if i >= 1 and spent > budget:
-            break
-    return times, out
-
-
-def measure(x: torch.Tensor, k: int, calls: int, budget: float) -> list[dict]:
-    """Reference timings and every selector's on one tensor."""
+def measure(x: torch.Tensor, k: int, calls: int, budget: float, min_seconds: float = 2.0) -> list[dict]:
+    """Reference timings and every selector's on one tensor, interleaved: in every round each
+    entry is called once, in an order rotated from round to round, so that drift in the machine's
+    load hits all entries alike. At least ``calls`` rounds and ``min_seconds``; at most 8x
+    ``calls`` rounds, and no new round once ``budget`` seconds are spent."""
     device = x.device
-    read, _ = _repeat(lambda: x.sum(), device, max(calls, 5), budget)
-    ref, _ = _repeat(lambda: torch.topk(x.abs(), k, sorted=False), device, calls, budget)
-    read_s, topk_s = statistics.median(read[1:] or read), statistics.median(ref[1:] or ref)
-    rows = [{"selector": "read (x.sum)", "first_s": read[0], "median_s": read_s},
-            {"selector": "torch.topk", "first_s": ref[0], "median_s": topk_s, "selected": k}]
+    entries = {"read (x.sum)": (lambda: x.sum(), None),
+               "torch.topk": (lambda: torch.topk(x.abs(), k, sorted=False), None)}
     for name in SELECTORS.names():
         select = SELECTORS.get(name)()
-        times, idx = _repeat(lambda select=select: select(x, k), device, calls, budget)
-        later = times[1:] or times
-        row = {"selector": name, "first_s": times[0], "median_s": statistics.median(later),
-               "mean_s": statistics.fmean(times), "calls": len(times), "selected": int(idx.numel())}
-        period = getattr(select, "recompute_every", None)
+        entries[name] = (lambda select=select: select(x, k), select)
+    names = list(entries)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    selected: dict[str, int] = {}
+    spent, rounds = 0.0, 0
+    while rounds < calls or (spent < min_seconds and rounds < 8 * calls):
+        if rounds >= 3 and spent > budget:
+            break
+        for j in range(len(names)):
+            name = names[(j + rounds) % len(names)]
+            seconds, out = _timed(entries[name][0], device)
+            times[name].append(seconds)
+            spent += seconds
+            if isinstance(out, torch.Tensor) and out.dtype == torch.int64:
+                selected[name] = int(out.numel())
+        rounds += 1
+    read_s = statistics.median(times["read (x.sum)"][1:])
+    topk_s = statistics.median(times["torch.topk"][1:])
+    rows = []
+    for name in names:
+        ts = times[name]
+        row = {"selector": name, "first_s": ts[0], "median_s": statistics.median(ts[1:]),
+               "mean_s": statistics.fmean(ts), "calls": len(ts)}
+        if name == "torch.topk":
+            row["selected"] = k
+        elif name in selected:
+            row["selected"] = selected[name]
+        period = getattr(entries[name][1], "recompute_every", None)
         if period:
             row["recompute_every"] = int(period)
-            row["amortized_s"] = (times[0] + (period - 1) * row["median_s"]) / period
+            row["amortized_s"] = (ts[0] + (period - 1) * row["median_s"]) / period
             row["ratio_topk_amortized"] = row["amortized_s"] / topk_s
-        rows.append(row)
-        del select, idx
-    for row in rows:
         row["ratio_topk"] = row["median_s"] / topk_s
         row["ratio_read"] = row["median_s"] / read_s
         if "selected" in row:
             row["selected_over_k"] = row["selected"] / k
+        rows.append(row)
     return rows
 
 
@@ -96,17 +106,19 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", type=parse_size, default=DEFAULT_SIZES,
                         help="tensor sizes in elements (default 1000000 10000000 100000000)")
     parser.add_argument("--density", type=float, default=0.01, help="k = density * n (default 0.01)")
-    parser.add_argument("--calls", type=int, default=8, help="calls per selector and size (default 8)")
-    parser.add_argument("--budget", type=float, default=20.0,
-                        help="stop calling a selector after this many seconds (at least 2 calls; default 20)")
+    parser.add_argument("--calls", type=int, default=8,
+                        help="rounds of calls per size, each entry once per round (default 8; more, up to 8x, "
+                             "until 2 s are spent)")
+    parser.add_argument("--budget", type=float, default=180.0,
+                        help="no new round after this many seconds per size (at least 3 rounds; default 180)")
     parser.add_argument("--devices", nargs="+", choices=["cpu", "cuda"],
                         help="devices (default: cpu, and cuda when available)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's own)")
     parser.add_argument("--seed", type=int, default=0)
     add_output_arguments(parser)
     args = parser.parse_args(argv)
-    if args.calls < 2 or not 0 < args.density <= 1:
-        parser.error("need --calls >= 2 and 0 < --density <= 1")
+    if args.calls < 3 or not 0 < args.density <= 1:
+        parser.error("need --calls >= 3 and 0 < --density <= 1")
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     if "cuda" in devices and not torch.cuda.is_available():
         parser.error("--devices cuda: no CUDA device here")

@@ -6,9 +6,10 @@ and 100 Mbit/s (:mod:`commlab.netem`), all in this one invocation, so each ratio
 measured minutes apart on the same machine. Samples/s is taken between the first and the last
 logged point of each run (start-up, the first steps and the final evaluation drop out); the
 JSON also keeps per-step compute, communication, bytes and collectives, which feed the cost
-model (``commlab bench scaling``). With ``--repeats R`` the methods are interleaved R times and
-the median is reported. Emulated links need root and iproute2; without them those columns are
-skipped with the reason.
+model (``commlab bench scaling``). Methods run without their dense warm-up (``warmup_steps=0``
+where their options have it; ``--keep-warmup`` keeps it), so a short run measures the method
+itself. With ``--repeats R`` the methods are interleaved R times and the median is reported.
+Emulated links need root and iproute2; without them those columns are skipped with the reason.
 
     commlab bench throughput                                   # all methods, loopback/1000/100
     commlab bench throughput --methods ssgd ddp --networks loopback --max-steps 10
@@ -19,9 +20,22 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from commlab.bench.common import (Workdir, add_output_arguments, add_training_arguments, base_config,
-                                  emulation_unavailable, md_table, network_context, network_name, parse_network,
-                                  resolve_dataset, resolve_methods, run_training, step_summary, write_report)
+from commlab.bench.common import (
+    Workdir,
+    add_output_arguments,
+    add_training_arguments,
+    base_config,
+    emulation_unavailable,
+    md_table,
+    network_context,
+    network_name,
+    parse_network,
+    resolve_dataset,
+    resolve_methods,
+    run_training,
+    step_summary,
+    write_report,
+)
 from commlab.registry import BENCHMARKS
 
 
@@ -111,7 +125,8 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
     table = summarise(rows, methods, names)
     payload = {"workers": args.workers, "model": args.model, "dataset": args.dataset,
                "batch_per_worker": args.batch_size, "max_steps": args.max_steps, "log_every": args.log_every,
-               "repeats": args.repeats, "methods": methods, "networks": names, "skipped_networks": skipped,
+               "repeats": args.repeats, "warmup_steps_zero": not args.keep_warmup, "methods": methods,
+               "networks": names, "skipped_networks": skipped,
                "summary": table, "runs": rows}
 
     wide = []
@@ -129,8 +144,9 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
             columns += [(f"{net}_rate", f"{net} samples/s"), (f"{net}_ratio", f"{net} / ssgd")]
     columns.append(("bytes_per_step", "bytes sent/step (rank 0)"))
     md = [f"Samples/s of each method ({args.model}, {args.dataset}, {args.workers} workers x batch "
-          f"{args.batch_size}, {args.max_steps} steps, median of {args.repeats}), and its ratio to dense ssgd "
-          "measured in the same invocation.", "", md_table(wide, columns)]
+          f"{args.batch_size}, {args.max_steps} steps, median of {args.repeats}"
+          + (", dense warm-up steps off" if not args.keep_warmup else "")
+          + "), and its ratio to dense ssgd measured in the same invocation.", "", md_table(wide, columns)]
     for net, reason in skipped.items():
         md += ["", f"{net}: skipped ({reason})"]
     failed = [e for e in table if "error" in e]

@@ -16,9 +16,21 @@ from __future__ import annotations
 
 import argparse
 
-from commlab.bench.common import (Workdir, add_output_arguments, add_training_arguments, base_config,
-                                  emulation_unavailable, md_table, network_context, network_name, parse_network,
-                                  resolve_dataset, resolve_methods, run_training, write_report)
+from commlab.bench.common import (
+    Workdir,
+    add_output_arguments,
+    add_training_arguments,
+    base_config,
+    emulation_unavailable,
+    md_table,
+    network_context,
+    network_name,
+    parse_network,
+    resolve_dataset,
+    resolve_methods,
+    run_training,
+    write_report,
+)
 from commlab.registry import BENCHMARKS
 
 
@@ -73,7 +85,7 @@ def time_to_accuracy(argv: list[str], json_path: str | None = None) -> int:
         with network_context(net, args.workers) as emulated:
             link = emulated.params if emulated else {}
             for method in methods:
-                config = base_config(args, method, args.workers)
+                config = base_config(args, method, args.workers, steady=False)  # the full recipe
                 config["train"].update(train_subset=args.train_subset, test_subset=args.test_subset)
                 run = run_training(config, workdir, emulated)
                 entry = {"method": method, "run_seconds": round(run["seconds"], 1)}

@@ -33,10 +33,11 @@ Our reading, and where it departs from the release (feifeibear/89757, ``select_t
   not hundreds. On ordinary gradients (max/mean about 6) every probe is the paper's.
 * **Speed without changing the result.** The probe at the mean is made only when the search
   approaches ``r = 0`` (the band usually lies well above the mean). Once a probe leaves between
-  2k and n/4 entries above its threshold, those entries are gathered once and later probes count
+  2k and n/64 entries above its threshold, those entries are gathered once and later probes count
   only among them (every later threshold is higher), so most probes touch a few thousand values
-  instead of the whole layer. The |v| buffer and the comparison mask are reused between calls of
-  one selector instance (fresh multi-megabyte allocations cost page faults on every call).
+  instead of the whole layer (gathering a larger set costs more than the full probes it saves).
+  The |v| buffer and the comparison mask are reused between calls of one selector instance
+  (fresh multi-megabyte allocations cost page faults on every call).
 * **Threshold reuse** (``reuse_every = N``): the release can reuse the found ``r`` for the next
   steps (recomputing mean and max). We reuse it for ``N - 1`` calls but, if the reused threshold
   leaves the band, search afresh, so reuse only ever saves time and never breaks the band.
@@ -56,7 +57,7 @@ import torch
 
 from commlab.registry import SELECTORS
 
-COMPACT_FRACTION = 0.25  # gather the candidates once a probe leaves at most this fraction of n
+COMPACT_FRACTION = 1 / 64  # gather the candidates once a probe leaves at most this fraction of n
 NEAR_MEAN = 1 / 16  # probe the mean itself once the upper end of the search is this close to r=0
 GEOMETRIC_SPAN = 64.0  # bisect geometrically while hi/lo exceeds this (a Gaussian's max/mean is ~6)
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from commlab.compress.threshold import magnitudes_into
 from commlab.registry import SELECTORS
 
 
@@ -49,18 +50,19 @@ def gaussian_threshold(x: torch.Tensor, k: int) -> float:
     return float(mean) + z * float(std)
 
 
-def gaussian_select(x: torch.Tensor, k: int, options: GaussianOptions | None = None
-                    ) -> tuple[torch.Tensor, float]:
-    """Indices (sorted int64) selected by the corrected Gaussian threshold, and the threshold."""
+def gaussian_select(x: torch.Tensor, k: int, options: GaussianOptions | None = None,
+                    magnitudes: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    """Indices (sorted int64) selected by the corrected Gaussian threshold, and the threshold.
+    ``magnitudes`` may hold |x| already (saves a pass)."""
     o = options or GaussianOptions()
     flat = x.reshape(-1)
-    mags = flat.abs()
+    mags = flat.abs() if magnitudes is None else magnitudes
     thr = gaussian_threshold(flat, k)
     if thr <= 0 or not math.isfinite(thr):
         return torch.nonzero(flat).view(-1), 0.0
     mask = mags > thr
     for _ in range(o.max_loops):
-        if int(mask.sum()) >= o.lower * k:
+        if int(torch.count_nonzero(mask)) >= o.lower * k:
             break
         thr /= o.down
         mask = mags > thr
@@ -75,7 +77,10 @@ class GaussianSelector:
         self.options = options or GaussianOptions()
         self.options.validate()
         self.threshold: float | None = None
+        self._mags: torch.Tensor | None = None  # |x| buffer reused between calls
 
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        idx, self.threshold = gaussian_select(x, k, self.options)
+        flat = x.reshape(-1)
+        self._mags = magnitudes_into(flat, self._mags)
+        idx, self.threshold = gaussian_select(flat, k, self.options, self._mags)
         return idx

@@ -68,6 +68,13 @@ def passing(x: torch.Tensor, magnitudes: torch.Tensor, threshold: float) -> torc
     return mask
 
 
+def magnitudes_into(x: torch.Tensor, buffer: torch.Tensor | None) -> torch.Tensor:
+    """|x| written into ``buffer`` when it fits (same shape, dtype, device), else a new tensor."""
+    if buffer is None or buffer.shape != x.shape or buffer.dtype != x.dtype or buffer.device != x.device:
+        return x.abs()
+    return torch.abs(x, out=buffer)
+
+
 def select_at(x: torch.Tensor, threshold: float, magnitudes: torch.Tensor | None = None) -> torch.Tensor:
     """Sorted int64 indices of the entries of flat ``x`` selected by ``threshold``."""
     flat = x.reshape(-1)
@@ -95,12 +102,11 @@ class ThresholdEstimator:
 
     def guarded(self, magnitudes: torch.Tensor, k: int) -> float:
         """The reused threshold, raised while more than guard_factor*k entries would pass."""
-        o = self.options
         thr = self.value
-        for _ in range(o.guard_loops):
-            if thr <= 0 or int((magnitudes >= thr).sum()) <= o.guard_factor * k:
+        for _ in range(self.options.guard_loops):
+            if thr <= 0 or int(torch.count_nonzero(magnitudes >= thr)) <= self.options.guard_factor * k:
                 break
-            thr *= o.guard_scale
+            thr *= self.options.guard_scale
         self.value = thr
         return thr
 
@@ -109,6 +115,27 @@ class ThresholdEstimator:
         if self.due(step):
             return self.set_exact(kth_largest(magnitudes, k))
         return self.guarded(magnitudes, k)
+
+    def select(self, x: torch.Tensor, magnitudes: torch.Tensor, k: int, step: int) -> torch.Tensor:
+        """Sorted int64 indices selected at ``step`` (exact or guarded threshold), then nudged.
+
+        Same result as :meth:`threshold` + :func:`select_at`, but the guard counts the mask it
+        selects with, so a step without a guard raise reads the magnitudes once."""
+        o = self.options
+        if self.due(step):
+            mask = passing(x, magnitudes, self.set_exact(kth_largest(magnitudes, k)))
+        else:
+            thr = self.value
+            mask = passing(x, magnitudes, thr)
+            for _ in range(o.guard_loops):
+                if thr <= 0 or int(torch.count_nonzero(mask)) <= o.guard_factor * k:
+                    break
+                thr *= o.guard_scale
+                mask = passing(x, magnitudes, thr)
+            self.value = thr
+        idx = torch.nonzero(mask).view(-1)
+        self.observe(idx.numel(), k)
+        return idx
 
     def observe(self, count: int, k: int) -> None:
         """Nudge the threshold for the next step from the number of entries it selected."""
@@ -138,6 +165,7 @@ class ThresholdSelector:
     def __init__(self, options: ThresholdOptions | None = None):
         self.estimator = ThresholdEstimator(options)
         self.calls = 0
+        self._mags: torch.Tensor | None = None  # |x| buffer reused between calls (no page faults)
 
     @property
     def recompute_every(self) -> int:
@@ -149,10 +177,8 @@ class ThresholdSelector:
 
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
         flat = x.reshape(-1)
-        mags = flat.abs()
-        thr = self.estimator.threshold(mags, k, self.calls)
-        idx = torch.nonzero(passing(flat, mags, thr)).view(-1)
-        self.estimator.observe(idx.numel(), k)
+        self._mags = magnitudes_into(flat, self._mags)
+        idx = self.estimator.select(flat, self._mags, k, self.calls)
         self.calls += 1
         return idx
 
