@@ -70,12 +70,11 @@ def with_retries(fn, *args, what: str = "MLflow call", attempts: int = RETRIES, 
 
 
 def client(uri: str | None = None):
-    import mlflow
+    """A client of ``uri`` when given, else of :func:`tracking_uri`. (Not ``mlflow.set_tracking_uri``:
+    it exports MLFLOW_TRACKING_URI, which would then override every later explicit store.)"""
     from mlflow.tracking import MlflowClient
 
-    uri = tracking_uri(uri)
-    mlflow.set_tracking_uri(uri)
-    return MlflowClient(uri)
+    return MlflowClient(uri or tracking_uri())
 
 
 def ensure_experiments(names: list[str], uri: str | None = None) -> dict[str, str]:
@@ -108,10 +107,10 @@ def git_commit() -> str:
         return "unknown"
 
 
-def mark_failed(run_id: str, uri: str | None = None) -> bool:
-    """Mark ``run_id`` FAILED if it is still RUNNING (for a rank other than the dead rank 0).
-    Returns whether it changed the status."""
-    c = client(uri)
+def mark_failed(run_id: str, configured: str | None = None) -> bool:
+    """Mark ``run_id`` FAILED if it is still RUNNING (for a rank other than the dead rank 0);
+    ``configured`` is the config's ``tracking.uri``. Returns whether it changed the status."""
+    c = client(tracking_uri(configured))
     run = with_retries(c.get_run, run_id, what="get run")
     if run.info.status != "RUNNING":
         return False

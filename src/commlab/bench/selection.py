@@ -36,18 +36,22 @@ from commlab.registry import BENCHMARKS, SELECTORS
 DEFAULT_SIZES = [1_000_000, 10_000_000, 100_000_000]
 
 
-def _timed(fn, device: torch.device):
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _timed(fn, device: torch.device, clock=time.perf_counter):
     """(seconds, result) of one call, synchronised on CUDA."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
+    t0 = clock()
     out = fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    return time.perf_counter() - t0, out
+    return clock() - t0, out
 
 
-def measure(x: torch.Tensor, k: int, calls: int, budget: float, min_seconds: float = 2.0) -> list[dict]:
+def measure(x: torch.Tensor, k: int, calls: int, budget: float, min_seconds: float = 2.0,
+            clock: str = "wall") -> list[dict]:
     """Reference timings and every selector's on one tensor, interleaved: in every round each
     entry is called once, in an order rotated from round to round, so that drift in the machine's
     load hits all entries alike. At least ``calls`` rounds and ``min_seconds``; at most 8x
@@ -67,7 +71,7 @@ def measure(x: torch.Tensor, k: int, calls: int, budget: float, min_seconds: flo
             break
         for j in range(len(names)):
             name = names[(j + rounds) % len(names)]
-            seconds, out = _timed(entries[name][0], device)
+            seconds, out = _timed(entries[name][0], device, CLOCKS[clock])
             times[name].append(seconds)
             spent += seconds
             if isinstance(out, torch.Tensor) and out.dtype == torch.int64:
@@ -114,6 +118,9 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     parser.add_argument("--devices", nargs="+", choices=["cpu", "cuda"],
                         help="devices (default: cpu, and cuda when available)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's own)")
+    parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
+                        help="wall: elapsed time (default); cpu: this process's CPU time, robust to other "
+                             "load on a shared machine (with --threads 1 it approximates an idle core; CPU only)")
     parser.add_argument("--seed", type=int, default=0)
     add_output_arguments(parser)
     args = parser.parse_args(argv)
@@ -122,6 +129,8 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     if "cuda" in devices and not torch.cuda.is_available():
         parser.error("--devices cuda: no CUDA device here")
+    if "cuda" in devices and args.clock == "cpu":
+        parser.error("--clock cpu measures host CPU time: use it with --devices cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -133,7 +142,7 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
             try:
                 g = torch.Generator(device=device).manual_seed(args.seed)
                 x = torch.randn(n, generator=g, device=device)
-                rows = measure(x, k, args.calls, args.budget)
+                rows = measure(x, k, args.calls, args.budget, clock=args.clock)
             except (RuntimeError, MemoryError) as err:  # out of memory at the largest sizes
                 skipped.append({"device": dev, "elements": n, "reason": str(err).splitlines()[0]})
                 continue
@@ -149,12 +158,13 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     table = [{**r, "first_ms": 1000 * r["first_s"], "median_ms": 1000 * r["median_s"],
               "amortized_ms": 1000 * r["amortized_s"] if "amortized_s" in r else None} for r in results]
     md = [f"Selection of k = {args.density:g}·n of n normal float32 entries; median of later calls "
-          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()).", "",
+          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()); "
+          f"{args.clock} clock, {torch.get_num_threads()} thread(s).", "",
           md_table(table, [("device", "device"), ("elements", "n"), ("selector", "selector"),
                            ("first_ms", "first ms"), ("median_ms", "median ms"), ("amortized_ms", "amortized ms"),
                            ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("selected_over_k", "selected / k")])]
     md += [f"\nNot measured: {s['device']} {s.get('elements', '')}: {s['reason']}" for s in skipped]
-    payload = {"density": args.density, "calls": args.calls, "budget_s": args.budget,
+    payload = {"density": args.density, "calls": args.calls, "budget_s": args.budget, "clock": args.clock,
                "threads": torch.get_num_threads(), "results": results, "skipped": skipped}
     write_report("selection", payload, "\n".join(md), args.json_path or json_path, args.out_dir)
     return 0
