@@ -235,16 +235,23 @@ with pd.option_context("display.max_colwidth", None):
 # on communication.
 
 # %%
-history = wide_history(load_history(runs, ["test_accuracy", "wall_seconds", "samples", "train_loss",
-                                          "comm_seconds", "blocked_seconds"], tracking_uri)) \
+long = load_history(runs, ["test_accuracy", "wall_seconds", "samples", "train_loss"], tracking_uri) \
     if len(runs) else pd.DataFrame()
+history = wide_history(long) if len(long) else pd.DataFrame()
 if history.empty or "test_accuracy" not in history:
     print("no history to plot")
 else:
+    # Accuracy exists only at evaluations: keep those rows (wall-clock and samples forward-filled
+    # from the last logged step), one line per seed on the wall-clock axis (seeds differ in time).
+    evals = long[long["metric"] == "test_accuracy"][["run_id", "step"]]
+    at_eval = history.merge(evals, on=["run_id", "step"])
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
-    curves(history, "wall_seconds", "test_accuracy", ax=axes[0], title="accuracy vs wall-clock (loopback)")
-    curves(history, "samples", "test_accuracy", ax=axes[1], title="accuracy vs samples")
-    curves(history, "samples", "train_loss", ax=axes[2], title="training loss")
+    sns.lineplot(data=at_eval, x="wall_seconds", y="test_accuracy", hue="name", units="seed",
+                 estimator=None, marker="o", ax=axes[0])
+    axes[0].set(xlabel="wall-clock seconds (training loop)", ylabel="test accuracy (%)",
+                title="accuracy vs wall-clock (loopback, one line per seed)")
+    curves(at_eval, "samples", "test_accuracy", ax=axes[1], title="accuracy vs samples")
+    curves(history, "samples", "train_loss", ax=axes[2], title="training loss (local replica)")
     for ax in axes[1:]:
         if ax.get_legend():
             ax.get_legend().remove()
