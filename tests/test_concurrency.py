@@ -9,6 +9,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +43,20 @@ def _project_copy(tmp: Path) -> Path:
     return proj
 
 
+def _most_train_jobs_at_once(log: str) -> int:
+    """Peak number of `train` jobs running together, from Snakemake's start/finish lines."""
+    running, peak, rule = set(), 0, None
+    for line in log.splitlines():
+        if started := re.match(r"\s*(?:local)?rule (\w+):\s*$", line):
+            rule = started.group(1)
+        elif (job := re.match(r"\s*jobid: (\d+)", line)) and rule == "train":
+            running.add(job.group(1))
+            peak, rule = max(peak, len(running)), None
+        elif done := re.match(r"\s*Finished jobid: (\d+) \(Rule: train\)", line):
+            running.discard(done.group(1))
+    return peak
+
+
 @pytest.mark.skipif(not (ROOT / "Snakefile").exists(), reason="no Snakefile")
 def test_snakemake_grid_of_8_runs_loses_nothing(tmp_path):
     proj = _project_copy(tmp_path)
@@ -65,9 +80,10 @@ def test_snakemake_grid_of_8_runs_loses_nothing(tmp_path):
         assert [m.step for m in sorted(history, key=lambda m: m.step)] == [2, 4, 6, 8]  # 128 / 16 steps
         assert {"test_accuracy", "bytes_sent", "samples", "wall_seconds"} <= set(run.data.metrics)
         assert run.data.params["train.lr"] in {str(0.01 * (i + 1)) for i in range(4)}
-    # Snakemake ran jobs side by side (2 cores): some runs overlap in time.
-    spans = sorted((r.info.start_time, r.info.end_time) for r in runs)
-    assert any(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:], strict=False))
+    # Snakemake ran training jobs side by side (2 cores, one worker each): read from its own job
+    # log, since MLflow run spans cover only the training loop and need not overlap on a slow
+    # start-up even when the jobs do.
+    assert _most_train_jobs_at_once(out.stdout + out.stderr) == 2
     logs = "".join(p.read_text() for p in proj.glob("logs/train/conc/*/*.log"))
     assert "Traceback" not in logs
 

@@ -27,7 +27,7 @@ rule bench_measure:
         name="|".join(n for n in BENCH_NAMES if n != "scaling"),
     conda:
         "../envs/commlab.yaml"
-    threads: workflow.cores
+    threads: lambda wildcards: local_cores(default=1)
     params:
         extra=lambda wildcards: BENCH_ARGS.get(wildcards.name, ""),
     shell:
@@ -44,7 +44,7 @@ rule bench_scaling:
         "logs/bench/scaling.log",
     conda:
         "../envs/commlab.yaml"
-    threads: workflow.cores
+    threads: lambda wildcards: local_cores(default=1)
     params:
         extra=BENCH_ARGS.get("scaling", ""),
     shell:

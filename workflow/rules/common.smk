@@ -180,18 +180,20 @@ def complete_marker(wildcards) -> str:
     return f"{run_dir(wildcards.paper, wildcards.name, wildcards.seed)}/.complete"
 
 
+def local_cores(default: int) -> int:
+    """--cores of a local run; `default` where there is none (dry-run, cluster executors), whose
+    jobs get their cores from their resources instead."""
+    try:
+        return int(workflow.cores)
+    except (WorkflowError, TypeError, ValueError):
+        return default
+
+
 def train_threads(wildcards) -> int:
     """Local cores of one run: its workers x threads, capped at --cores so jobs never oversubscribe."""
     run = run_config(wildcards)
     want = run["workers"] * run.get("threads", 1)
-    try:
-        return min(want, int(workflow.cores))
-    except (
-        WorkflowError,
-        TypeError,
-        ValueError,
-    ):  # no --cores (dry-run, cluster executors)
-        return want
+    return min(want, local_cores(default=want))
 
 
 def train_gpus(wildcards) -> int:
