@@ -22,6 +22,7 @@ exits with 143 (preempted, resumable) and marks the run KILLED; an error marks i
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -168,17 +169,19 @@ def _run(config: dict, rt, stop: StopSignal, sentinel) -> dict:
             raise ValueError(f"the run in {out} finished after {p.step} steps but the config now asks for "
                              f"{total_steps}; use another output_dir for a longer run")
 
+    # MLflow gets every method option, the defaults included, so that runs compare on all of them.
+    logged_config = {**config, "method_params": dataclasses.asdict(options)}
     if config["tracking"].get("enabled", True) and rt.world_size > 1:
         # Every rank learns the run id, so that rank 1 can mark the run FAILED if rank 0 dies. The
         # others wait for rank 0's MLflow set-up on a group of their own with a generous timeout:
         # a slow tracking server is not a dead peer.
         waiting = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(600.0, config["timeout_s"])))
-        tracker = _open_tracker(config, rt, data, p.run_id)
+        tracker = _open_tracker(logged_config, rt, data, p.run_id)
         box = [tracker.run_id if tracker else None]
         dist.broadcast_object_list(box, src=0, group=waiting)
         p.run_id = box[0]
     else:
-        tracker = _open_tracker(config, rt, data, p.run_id)
+        tracker = _open_tracker(logged_config, rt, data, p.run_id)
 
     t_start = time.perf_counter()
 
@@ -225,7 +228,8 @@ def _run(config: dict, rt, stop: StopSignal, sentinel) -> dict:
                 set_lr(optimizer, lr)
                 info = StepInfo(p.step, p.epoch, lr)
 
-                t0, comm0 = time.perf_counter(), comm.stats.counters["comm_seconds"]
+                t0 = time.perf_counter()
+                comm0 = comm.stats.counters["comm_seconds"] + comm.stats.counters["blocked_seconds"]
                 optimizer.zero_grad(set_to_none=False)
                 loss = F.cross_entropy(algo.forward_model(xb), yb)
                 loss.backward()
@@ -234,7 +238,9 @@ def _run(config: dict, rt, stop: StopSignal, sentinel) -> dict:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), tcfg["grad_clip"])
                 optimizer.step()
                 algo.after_step(info)
-                p.compute_s += (time.perf_counter() - t0) - (comm.stats.counters["comm_seconds"] - comm0)
+                # Compute is the step minus the time in collectives and in waits for asynchronous ones.
+                comm1 = comm.stats.counters["comm_seconds"] + comm.stats.counters["blocked_seconds"]
+                p.compute_s += (time.perf_counter() - t0) - (comm1 - comm0)
 
                 loss_value = loss.item()
                 p.window_loss += loss_value if math.isfinite(loss_value) else float("inf")
