@@ -77,6 +77,15 @@ def test_bad_option_and_value(tmp_path, capsys):
     _fails(capsys, ["train", "--config", str(tmp_path / "nope.yaml")], "nope.yaml", "does not exist")
 
 
+def test_bad_network_section(tmp_path, capsys):
+    _fails(capsys, ["launch", "--config", str(_base(tmp_path, network={"bandwith_mbit": 100}))],
+           "config key network", "'bandwith_mbit' was unexpected")
+    cfg = _base(tmp_path)
+    _fails(capsys, ["train", "--config", str(cfg), "network.bandwidth_mbit=-5"],
+           "config key network.bandwidth_mbit", "-5")
+    assert not (tmp_path / "run").exists()
+
+
 def test_more_workers_than_samples_in_config(tmp_path, capsys):
     cfg = _base(tmp_path)
     _fails(capsys, ["train", "--config", str(cfg), "workers=16", "train.train_subset=256"],

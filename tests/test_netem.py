@@ -5,6 +5,7 @@ The allreduce check asserts generous bounds around the bandwidth-limited time (a
 and a loose ceiling); the precise figures come from ``commlab bench collectives``.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -120,9 +121,17 @@ def _config(tmp_path: Path, **extra) -> Path:
 @needs_root
 def test_launch_normal_end_and_failing_run_leave_nothing(tmp_path):
     before_ns, before_links = set(netem.list_namespaces()), host_links()
-    cfg = _config(tmp_path, network={"bandwidth_mbit": 1000})
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _config(tmp_path, network={"bandwidth_mbit": 1000},
+                  tracking={"enabled": True, "uri": uri, "experiment": "netem"})
     assert launch(str(cfg), str(tmp_path / "sentinel.json")) == 0
-    assert (tmp_path / "sentinel.json").exists()
+    run_id = json.loads((tmp_path / "sentinel.json").read_text())["run_id"]
+    # The link's settings and its measured throughput are params of the MLflow run.
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.data.params["network_bandwidth_mbit"] == "1000" and run.data.params["network_emulated"] == "True"
+    assert float(run.data.params["network_measured_mbit"]) > 0 and run.data.tags["network"].startswith("emulated")
     assert set(netem.list_namespaces()) <= before_ns and host_links() == before_links
     bad = _config(tmp_path, data_dir=str(tmp_path / "missing"), dataset="fashion_mnist")
     assert launch(str(bad), network_mbit=100) != 0  # every worker fails: no dataset

@@ -82,7 +82,9 @@ def apply_override(config: dict, assignment: str) -> None:
     parts = key.strip().split(".")
     node = config
     for part in parts[:-1]:
-        node = node.setdefault(part, {})
+        if node.get(part) is None:  # an optional section left out (e.g. network: null) starts empty
+            node[part] = {}
+        node = node[part]
         if not isinstance(node, dict):
             raise ConfigError(f"override {assignment!r}: {part!r} is not a section")
     node[parts[-1]] = yaml.safe_load(raw)

@@ -303,7 +303,12 @@ def _open_tracker(config: dict, rt, data, run_id: str | None):
             "workers": str(rt.world_size), "backend": rt.backend, "git_commit": git_commit(),
             "data_hash": str(data.meta.get("content_hash")), "model": config["model"],
             "dataset": config["dataset"]}
-    return RunTracker(config, tags, run_id=run_id)
+    # Under an emulated network the launcher passes the link's settings and its measured
+    # throughput (commlab.netem): they are params of the run, next to the config.
+    network = json.loads(os.environ.get("COMMLAB_NETWORK_JSON") or "{}")
+    if network:
+        tags["network"] = str(network.get("network_label", network.get("network_bandwidth_mbit")))
+    return RunTracker({**config, **network}, tags, run_id=run_id)
 
 
 def _close_run(tracker, status: str, run_id: str | None, rt, config: dict) -> None:
