@@ -24,7 +24,7 @@
 # quarter of that budget ahead of the uniform pace).
 #
 # **Scale.** The default (laptop) grid is trimmed to fit the whole pipeline on a 2-core machine:
-# Fashion-MNIST CNN, 4 gloo workers, 10,240 training samples, 3 epochs with a ×0.1 decay after
+# Fashion-MNIST CNN, 4 gloo workers, 8,192 training samples, 3 epochs with a ×0.1 decay after
 # epoch 2, **2 seeds** (the spec asks 3), CPSGD periods **4 and 16** (spec: several), 8-bit QSGD
 # only, no fp16. The scale `laptop_full` holds the untrimmed grid (3 seeds, the whole training
 # set, periods 2-32, 4- and 8-bit QSGD, fp16) and `paper` the CIFAR-10 ResNet-20 setting for

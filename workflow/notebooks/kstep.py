@@ -11,7 +11,7 @@
 # **What the default (laptop) grid trims.** The paper ran CIFAR-10 on 6 GPUs. We keep the 6
 # workers but, to fit the pipeline's time budget on a 2-core machine, train the small CNN on
 # Fashion-MNIST for 4 epochs over a 9,000-sample subset (36,000 samples, 372 steps of 6 x 16),
-# with **one seed**, K in {4, 16, 64, 256} for momentum SGD and {16, 256} for Adam (no K = 1), and
+# with **one seed**, K in {4, 16, 64, 256} for momentum SGD and 16 for Adam (no K = 1), and
 # evaluate on 2,000 test images at epoch ends. The scale `laptop_full` of
 # `config/papers/kstep.yaml` is the whole grid (3 seeds, full training set, K in {1, 4, 16, 64,
 # 256} for both optimizers); `paper` and `paper_imagenet` are the paper's settings for a GPU

@@ -23,14 +23,14 @@
 # reconstruction: mix the own gradient with the latest averaged gradient).
 #
 # **What is trimmed at laptop scale** (the default pipeline has a 45-minute budget on 2 cores):
-# 2 seeds instead of 3, 12,000 training samples, 2 epochs (187 steps at 4 workers x 32), warm-up
-# scaled to the short run (10 steps for OD-SGD, 25 for SSD-SGD instead of 200/500), and six variants
-# (SSGD, OD-SGD+GLU, SSD-SGD k=2+GLU, and k=5 with each local rule) instead of the full
+# 2 seeds instead of 3, 9,600 training samples, 2 epochs (150 steps at 4 workers x 32), warm-up
+# scaled to the short run (10 steps for OD-SGD, 25 for SSD-SGD instead of 200/500), and five variants
+# (SSGD, OD-SGD+GLU, SSD-SGD k=2+GLU, and k=5 with GLU and plain local SGD) instead of the full
 # 3 x 3 grid. `--scale laptop_full` runs the full grid (3 seeds, all of Fashion-MNIST, every local
 # rule for OD-SGD and SSD-SGD k = 2, 5, and SSD-SGD without warm-up).
 #
 # **Learning-rate schedule.** Laptop runs keep the project's constant learning rate. A cosine
-# schedule over the same 187 steps was tried once (2 seeds): SSGD 82.6%, OD-SGD 80.1%, SSD-SGD
+# schedule over 187 steps (12,000 samples) was tried once (2 seeds): SSGD 82.6%, OD-SGD 80.1%, SSD-SGD
 # k=2 80.2%, k=5 77.9% (GLU), i.e. the delayed methods, slower in the first steps after warm-up,
 # are annealed before they catch up; with a constant rate OD-SGD ends level with SSGD. The papers'
 # step schedules decay only after many epochs (80 of 160 on CIFAR-10).
