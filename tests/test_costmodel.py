@@ -30,6 +30,10 @@ def test_named_formulas_by_hand():
     assert cm.periodic_averaging_time(n, 4, 8, LINK) == pytest.approx((6e-5 + 0.012) / 8)
     # Ok-Topk's bound: (2P-1+2log2P)a + 3(P-1)/P n b = 11a + 2.25e6 b
     assert cm.PATTERNS["oktopk"].time(n, 4, LINK) == pytest.approx(11e-5 + 0.018)
+    # ... for the whole step: its 6 counted collectives do not multiply the latency term again,
+    # while an allgather-based method pays (P-1)a per counted collective.
+    assert cm.PATTERNS["oktopk"].time(n, 4, LINK, collectives=6) == pytest.approx(11e-5 + 0.018)
+    assert cm.PATTERNS["allgather"].time(n, 4, LINK, collectives=4) == pytest.approx(4 * 3e-5 + 0.024)
     for name in cm.PATTERNS:
         assert cm.PATTERNS[name].time(n, 1, LINK) == 0.0
     with pytest.raises(ValueError, match="period"):

@@ -22,13 +22,14 @@ periodic averaging  ring_allreduce(model) / H            (per step; H = steps be
 (Ok-Topk's paper writes split-and-reduce as (P−1)α + 2k(P−1)/P·β with k (index, value) pairs:
 here ``n`` counts the bytes of those pairs, so 2k words = n.)
 
-A method's step time is ``compute + c · messages(P) · α + n_step · time_volume(P) · β``, where
-``c`` is its measured collectives per step and ``n_step`` is its measured bytes per step divided
-by the pattern's volume factor at the measured P. Periodic averaging needs no pattern of its own:
-its measured collectives and bytes per step already carry the 1/H. Assumptions: no overlap of
-communication with compute, every byte crosses the slow link (pessimistic for hierarchical
-methods), compute per worker does not change with P, and a method's pattern is its class's
-``comm_pattern`` attribute, else :data:`KNOWN_PATTERNS`, else ring allreduce (flagged "assumed").
+A method's step time is ``compute + c · messages(P) · α + n_step · time_volume(P) · β``, where ``c``
+is its measured collectives per step (1 for Ok-Topk, whose formula is the whole step's) and
+``n_step`` is its measured bytes per step divided by the pattern's volume factor at the measured P.
+Periodic averaging needs no pattern of its own: its measured collectives and bytes per step already
+carry the 1/H. Assumptions: no overlap of communication with compute, every byte crosses the slow
+link (pessimistic for hierarchical methods), compute per worker does not change with P, and a
+method's pattern is its class's ``comm_pattern`` attribute, else :data:`KNOWN_PATTERNS`, else ring
+allreduce (flagged "assumed").
 
 Matching a laptop run to a cluster (part 2): the emulated bandwidth is chosen so that the ratio
 of communication to computation time equals the cluster's::
@@ -87,19 +88,25 @@ class Pattern:
     messages: Callable[[int], float]  # α terms on the critical path
     time_volume: Callable[[int], float]  # β multiplier on the payload n (critical path)
     sent_volume: Callable[[int], float]  # bytes rank 0 sends per payload byte (what runs measure)
+    # True when ``messages`` already counts every message of a whole step (Ok-Topk's formula covers
+    # its count exchanges, split-and-reduce, balancing and allgatherv): the latency term is then not
+    # multiplied again by the collectives the Communicator counted in that step.
+    whole_step: bool = False
 
     def time(self, n_bytes: float, p: int, link: Link, collectives: float = 1.0) -> float:
         """Seconds for ``collectives`` collectives moving ``n_bytes`` of payload in all."""
         if p <= 1:
             return 0.0
-        return collectives * self.messages(p) * link.alpha_s + n_bytes * self.time_volume(p) * link.beta
+        calls = 1.0 if self.whole_step else collectives
+        return calls * self.messages(p) * link.alpha_s + n_bytes * self.time_volume(p) * link.beta
 
 
 PATTERNS: dict[str, Pattern] = {pat.name: pat for pat in (
     Pattern("ring_allreduce", lambda p: 2 * (p - 1), lambda p: 2 * (p - 1) / p, lambda p: 2 * (p - 1) / p),
     Pattern("allgather", lambda p: p - 1, lambda p: p - 1, lambda p: p - 1),
     Pattern("split_and_reduce", lambda p: p - 1, lambda p: (p - 1) / p, lambda p: (p - 1) / p),
-    Pattern("oktopk", lambda p: 2 * p - 1 + 2 * _log2(p), lambda p: 3 * (p - 1) / p, lambda p: 3 * (p - 1) / p),
+    Pattern("oktopk", lambda p: 2 * p - 1 + 2 * _log2(p), lambda p: 3 * (p - 1) / p, lambda p: 3 * (p - 1) / p,
+            whole_step=True),
     Pattern("tree", lambda p: 2 * _log2(p), lambda p: 2 * _log2(p), lambda p: _log2(p)),
 )}
 

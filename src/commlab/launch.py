@@ -4,7 +4,7 @@
     python -m commlab launch --config run.yaml --network-mbit 1000     # emulated 1 Gbit/s links
 
 * one node: ``torchrun --standalone`` with ``workers`` processes (a free rendezvous port is picked,
-  so parallel jobs never collide);
+  so parallel jobs never collide), run inside this process (:func:`run_torchrun`);
 * several nodes (``nodes > 1``, inside a SLURM allocation): ``srun`` starts one torchrun per node,
   which meet through c10d rendezvous at the first node of the allocation;
 * ``max_restarts > 0`` lets torchrun restart failed workers, which resume from the last checkpoint;
@@ -237,7 +237,33 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
             return 2
         cmd = ["srun", f"--nodes={config['nodes']}", "--ntasks-per-node=1", *cmd]
     print("[commlab launch] " + " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    if config.get("nodes", 1) > 1:
+        return subprocess.call(cmd)
+    return run_torchrun(cmd[3:])
+
+
+def run_torchrun(args: list[str]) -> int:
+    """``torchrun *args`` inside this process, with torchrun's exit status.
+
+    The same elastic agent as the ``torchrun`` command (torch.distributed.run), without a second
+    interpreter importing torch after this one already has (seconds of CPU before any worker
+    starts, on every run). Its signal handlers are installed here: on SIGTERM/SIGINT the agent
+    forwards the signal to the workers, waits for them (they checkpoint) and this returns 128 + the
+    signal; a failed worker stops the others and the failure table names its rank (exit 1)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun_main
+
+    try:
+        torchrun_main(args)
+    except ChildFailedError as err:
+        print(err, file=sys.stderr, flush=True)
+        return 1
+    except SignalException as err:
+        print(f"[commlab launch] {signal.Signals(err.sigval).name}: the workers were stopped", file=sys.stderr,
+              flush=True)
+        return 128 + int(err.sigval)
+    return 0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,6 +11,12 @@
 
 Each process gets RANK/WORLD_SIZE/MASTER_* set, calls :func:`init_runtime` (gloo), runs ``fn``,
 and tears the group down. An exception on any rank is re-raised here with its traceback.
+
+The ranks are forked from a fork server that imported torch once (``forkserver`` start method):
+a fresh interpreter per rank (``spawn``) would pay torch's import, seconds of CPU, on every call,
+and plain ``fork`` of a process that has run torch ops can inherit a broken thread pool. The fork
+server starts with the caller's environment at the first call; each rank's RANK/WORLD_SIZE/
+MASTER_* are set in the rank itself. Where ``forkserver`` does not exist (Windows), ``spawn``.
 """
 
 from __future__ import annotations
@@ -42,9 +48,26 @@ def _worker(rank, world_size, port, fn, args, queue, timeout_s):
         shutdown_runtime()
 
 
+# Imported once by the fork server, so that every rank starts with them loaded.
+PRELOAD = ["torch", "torch.distributed", "commlab.core", "commlab.testing"]
+_context = None
+
+
+def _start_context():
+    """The multiprocessing context of the ranks (one fork server per process, made on first use)."""
+    global _context
+    if _context is None:
+        try:
+            _context = mp.get_context("forkserver")
+            _context.set_forkserver_preload(PRELOAD)
+        except ValueError:  # no fork server on this platform
+            _context = mp.get_context("spawn")
+    return _context
+
+
 def run_distributed(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0) -> list:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results."""
-    ctx = mp.get_context("spawn")
+    ctx = _start_context()
     queue = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s))

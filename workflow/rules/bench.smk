@@ -10,11 +10,15 @@ BENCH_NAMES = ["collectives", "throughput", "time_to_accuracy", "scaling"] + (
 
 
 BENCH_ARGS = config.get("bench", {}).get("args", {})
+# RedSync's claim that the gain grows with the communication-to-computation ratio: the throughput
+# benchmark once more per model, a compute-heavy and a communication-heavy one.
+BENCH_MODELS = ["resnet20", "wide_mlp"]
 
 
 rule bench:
     input:
         expand("reports/bench/{name}.json", name=BENCH_NAMES),
+        expand("reports/bench/throughput_{model}.json", model=BENCH_MODELS),
 
 
 rule bench_measure:
@@ -49,3 +53,21 @@ rule bench_scaling:
         extra=BENCH_ARGS.get("scaling", ""),
     shell:
         "python -m commlab bench --json {output.json} scaling --profiles {input.profiles} {params.extra} > {log} 2>&1"
+
+
+rule bench_throughput_model:
+    output:
+        json="reports/bench/throughput_{model}.json",
+        md="reports/bench/throughput_{model}.md",
+    log:
+        "logs/bench/throughput_{model}.log",
+    wildcard_constraints:
+        model="|".join(BENCH_MODELS),
+    conda:
+        "../envs/commlab.yaml"
+    threads: lambda wildcards: local_cores(default=1)
+    params:
+        extra=BENCH_ARGS.get("throughput_models", ""),
+    shell:
+        "python -m commlab bench --json {output.json} throughput --model {wildcards.model} "
+        "--methods ssgd redsync dgc --networks loopback 100 {params.extra} > {log} 2>&1"
