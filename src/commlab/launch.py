@@ -55,16 +55,17 @@ def train_argv(config_path: str, sentinel: str | None) -> list[str]:
     return train + (["--sentinel", sentinel] if sentinel else [])
 
 
-def torchrun_command(config: dict, config_path: str, sentinel: str | None) -> list[str]:
-    """The command line that starts this run's workers (without srun)."""
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` command
+
+
+def torchrun_args(config: dict, config_path: str, sentinel: str | None) -> list[str]:
+    """torchrun's arguments that start this run's workers (one node: standalone rendezvous)."""
     train = train_argv(config_path, sentinel)
     restarts = [f"--max-restarts={config.get('max_restarts', 0)}"]
     if config.get("nodes", 1) == 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={config['workers']}", *restarts, *train]
+        return ["--standalone", f"--nproc-per-node={config['workers']}", *restarts, *train]
     job = os.environ.get("SLURM_JOB_ID", "commlab")
-    return [sys.executable, "-m", "torch.distributed.run", f"--nnodes={config['nodes']}",
-            f"--nproc-per-node={config['workers']}", "--rdzv-backend=c10d",
+    return [f"--nnodes={config['nodes']}", f"--nproc-per-node={config['workers']}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint={slurm_first_host()}:29500", f"--rdzv-id={job}", *restarts, *train]
 
 
@@ -230,16 +231,16 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
     section = network_section(config, network_mbit, latency_ms)
     if section:
         return launch_emulated(config, config_path, sentinel, section)
-    cmd = torchrun_command(config, config_path, sentinel)
+    args = torchrun_args(config, config_path, sentinel)
     if config.get("nodes", 1) > 1:
         if shutil.which("srun") is None:
             print("commlab launch: nodes > 1 needs srun (run inside a SLURM allocation)", file=sys.stderr)
             return 2
-        cmd = ["srun", f"--nodes={config['nodes']}", "--ntasks-per-node=1", *cmd]
-    print("[commlab launch] " + " ".join(cmd), flush=True)
-    if config.get("nodes", 1) > 1:
+        cmd = ["srun", f"--nodes={config['nodes']}", "--ntasks-per-node=1", *TORCHRUN, *args]
+        print("[commlab launch] " + " ".join(cmd), flush=True)
         return subprocess.call(cmd)
-    return run_torchrun(cmd[3:])
+    print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
+    return run_torchrun(args)
 
 
 def run_torchrun(args: list[str]) -> int:

@@ -21,6 +21,7 @@ MASTER_* are set in the rank itself. Where ``forkserver`` does not exist (Window
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import traceback
@@ -50,19 +51,17 @@ def _worker(rank, world_size, port, fn, args, queue, timeout_s):
 
 # Imported once by the fork server, so that every rank starts with them loaded.
 PRELOAD = ["torch", "torch.distributed", "commlab.core", "commlab.testing"]
-_context = None
 
 
+@functools.cache
 def _start_context():
     """The multiprocessing context of the ranks (one fork server per process, made on first use)."""
-    global _context
-    if _context is None:
-        try:
-            _context = mp.get_context("forkserver")
-            _context.set_forkserver_preload(PRELOAD)
-        except ValueError:  # no fork server on this platform
-            _context = mp.get_context("spawn")
-    return _context
+    try:
+        ctx = mp.get_context("forkserver")
+    except ValueError:  # no fork server on this platform
+        return mp.get_context("spawn")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 def run_distributed(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0) -> list:

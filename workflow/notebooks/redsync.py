@@ -272,8 +272,9 @@ if len(measured) >= 2:
         note="on emulated links"))
 # Without such runs in MLflow: the throughput benchmark per model (`snakemake bench`), RedSync beside
 # dense ssgd on the same emulated links.
-per_model = {m: load_bench(f"throughput_{m}", out_dir) for m in ("resnet20", "wide_mlp")}
-per_model = {m: throughput_ratios(b) for m, b in per_model.items() if b}
+model_bench = {m: load_bench(f"throughput_{m}", out_dir) for m in ("resnet20", "wide_mlp")}
+model_bench = {m: b for m, b in model_bench.items() if b}
+per_model = {m: throughput_ratios(b) for m, b in model_bench.items()}
 per_model = {m: t["redsync"] for m, t in per_model.items() if "redsync" in t}
 if len(measured) < 2 and len(per_model) == 2:
     slowest = {m: r.dropna().iloc[-1] for m, r in per_model.items()}
@@ -287,8 +288,7 @@ if len(measured) < 2 and len(per_model) == 2:
         verdict="reproduced" if best == "wide_mlp" and slowest[best] > 1 else "not reproduced",
         note="throughput benchmark per model, the gain compared on the slowest link ("
              + ", ".join(f"{m} {link[m]}" for m in link) + "); "
-             + "; ".join(provenance(load_bench(f"throughput_{m}", out_dir), f"reports/bench/throughput_{m}.json")
-                         for m in per_model)
+             + "; ".join(provenance(model_bench[m], f"reports/bench/throughput_{m}.json") for m in per_model)
              + ". RedSync's default selector thresholds (the grid's wide_mlp runs scale them down)"))
 elif len(measured) < 2:
     claims.append(Claim(
