@@ -10,6 +10,7 @@ checkpoint and finishes the same MLflow run.
 import os
 import re
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -63,6 +64,10 @@ def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
     wait_for(lambda: checkpoint_step(out) == STEPS_PER_EPOCH, job=job, timeout=300)
     pids = worker_pids(job)
     assert sorted(pids) == [0, 1, 2, 3]
+    # forked by the launcher's preloaded fork server, not started as fresh interpreters
+    parents = {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] for pid in pids.values()}
+    assert len(parents) == 1
+    assert "multiprocessing.forkserver" in Path(f"/proc/{parents.pop()}/cmdline").read_text()
     os.kill(pids[victim], signal.SIGKILL)
     # torchrun stops the survivors (they fail at their next collective, at the latest after
     # TIMEOUT_S) and exits 1; a hang would end in reap's SIGKILL instead (exit 137).

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,17 +129,18 @@ def checkpoint_step(output_dir: str | Path) -> int | None:
 
 
 def worker_pids(job: subprocess.Popen) -> dict[int, int]:
-    """rank -> pid of the job's training workers (processes with RANK in their environment)."""
+    """rank -> pid of the job's training workers (named by commlab.core.runtime.name_worker_process)."""
+    from commlab.core.runtime import WORKER_NAME
+
+    pattern = re.compile(WORKER_NAME.format(rank=r"(\d+)") + "$")
     ranks = {}
     for pid in descendants(job.pid) - {job.pid}:
         try:
-            items = Path(f"/proc/{pid}/environ").read_text().split("\0")
-            env = dict(item.split("=", 1) for item in items if "=" in item)
-            cmdline = Path(f"/proc/{pid}/cmdline").read_text()
+            match = pattern.match(Path(f"/proc/{pid}/comm").read_text().strip())
         except OSError:
             continue
-        if "RANK" in env and "train" in cmdline.split("\0"):
-            ranks[int(env["RANK"])] = pid
+        if match:
+            ranks[int(match.group(1))] = pid
     return ranks
 
 

@@ -39,6 +39,7 @@ from tqdm import tqdm
 from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
 from commlab.checkpoint import load_checkpoint, save_checkpoint
 from commlab.core import CommStats, Communicator, init_runtime, seed_everything, shutdown_runtime
+from commlab.core.runtime import name_worker_process
 from commlab.data import load_dataset, shard_indices
 from commlab.models import build_model
 from commlab.optim import lr_at, set_lr
@@ -100,6 +101,7 @@ def train(config: dict, sentinel: str | Path | None = None) -> dict:
     """Run one experiment; return the final metrics (on every rank). A SIGTERM/SIGINT ends it
     with a checkpoint and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
     rt = init_runtime(config["backend"], config["timeout_s"])
+    name_worker_process(rt.rank)
     stop = StopSignal()
     stop.install()
     try:

@@ -88,6 +88,23 @@ def init_runtime(backend: str = "auto", timeout_s: float = 120.0) -> Runtime:
     return Runtime(rank, world_size, local_rank, chosen, device)
 
 
+WORKER_NAME = "commlab-rank{rank}"  # a training worker's process name (ps, top, /proc/PID/comm)
+
+
+def name_worker_process(rank: int) -> None:
+    """Name this process after its rank: workers forked from one server share its command line,
+    so the name is what tells them apart (commlab.jobtools.worker_pids finds them by it). Linux
+    only; elsewhere a no-op."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(15, WORKER_NAME.format(rank=rank).encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def shutdown_runtime() -> None:
     """Leave the process group (safe to call twice)."""
     if dist.is_initialized():
