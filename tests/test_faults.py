@@ -88,3 +88,32 @@ def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
         assert reap(job, timeout=300) == 0, log.read_text()[-3000:]
         assert checkpoint_step(out) == 3 * STEPS_PER_EPOCH
         assert _status(uri, run_id) == "FINISHED"
+
+
+def test_max_restarts_restarts_dead_workers_from_the_checkpoint(tmp_path, jobs):
+    """With max_restarts: 1 torchrun restarts the workers after rank 1 dies; they resume from the
+    last checkpoint on a fresh process group and finish the same MLflow run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from commlab.tracking import ensure_experiments
+
+    ensure_experiments(["faults"], uri)
+    out, log = tmp_path / "run", tmp_path / "job.log"
+    cfg = write_config(
+        tmp_path / "run.yaml", paper="faults", method="ssgd", seed=1, workers=4, model="mlp", dataset="synthetic",
+        backend="gloo", timeout_s=TIMEOUT_S, output_dir=str(out), max_restarts=1,
+        train={"epochs": 3, "batch_size": 8, "lr": 0.05, "train_subset": 512, "test_subset": 128, "log_every": 4})
+    job = start_job(["launch", "--config", str(cfg)], log,
+                    env={"MLFLOW_TRACKING_URI": uri, STEP_DELAY_ENV: "0.1"})
+    jobs.append(job)
+    wait_for(lambda: checkpoint_step(out) == STEPS_PER_EPOCH, job=job, timeout=300)
+    run_id = torch.load(out / "checkpoints" / f"step_{STEPS_PER_EPOCH}" / "rank0.pt",
+                        weights_only=False)["progress"]["run_id"]
+    os.kill(worker_pids(job)[1], signal.SIGKILL)
+    assert reap(job, timeout=TIMEOUT_S + 300) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert f"resuming from the checkpoint at step {STEPS_PER_EPOCH} (epoch 1), torchrun restart 1" in text, \
+        text[-3000:]
+    assert checkpoint_step(out) == 3 * STEPS_PER_EPOCH
+    state = torch.load(out / "checkpoints" / f"step_{3 * STEPS_PER_EPOCH}" / "rank0.pt", weights_only=False)
+    assert state["progress"]["run_id"] == run_id  # the restarted workers continued the same run
+    assert _status(uri, run_id) == "FINISHED"

@@ -27,14 +27,11 @@
 paper = "redsync"
 out_dir = "reports"
 tracking_uri = None
-bench_json = "reports/bench/selection.json"  # `commlab bench selection` output, used when present
 
 # %%
 import io
-import json
 import re
 import warnings
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -197,20 +194,16 @@ def selection_table(info: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["name", "method", "model", "seed", "selector", "n", "ms"])
 
 
-def bench_table(path: str) -> pd.DataFrame:
-    """Selector timings of `commlab bench selection` (median per call), when its JSON exists."""
-    p = Path(path)
-    if not p.exists():
-        return pd.DataFrame(columns=["device", "n", "selector", "ms", "ratio_topk"])
-    results = json.loads(p.read_text()).get("results", [])
-    df = pd.DataFrame(results)
+def bench_table(bench: dict | None) -> pd.DataFrame:
+    """Selector timings of `commlab bench selection` (median per call), when it has run."""
+    df = pd.DataFrame((bench or {}).get("results", []))
     if df.empty:
         return pd.DataFrame(columns=["device", "n", "selector", "ms", "ratio_topk"])
     return df.assign(n=df["elements"], ms=1000 * df["median_s"])[["device", "n", "selector", "ms", "ratio_topk"]]
 
 
 sel = selection_table(info)
-bench = bench_table(bench_json)
+bench = bench_table(load_bench("selection", out_dir))
 large = sel[(sel.n >= LARGE_LAYER)]
 pairs = []
 for n in sorted(set(large.n)):

@@ -5,7 +5,8 @@ Every worker calls :func:`init_runtime` once. It works in three situations:
 * under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR, ... set): joins the process group;
 * alone (no torchrun variables): becomes a world of one, still with a real process group so that
   every code path (the Communicator, the algorithms) runs unchanged;
-* inside tests, where :mod:`commlab.testing` sets the variables for spawned processes.
+* inside tests, where :mod:`commlab.testing` sets the variables for spawned processes;
+* restarted by torchrun (``max_restarts``): keys of the new group never meet the old one's.
 
 The backend is NCCL when CUDA is available and gloo otherwise, unless the config overrides it.
 A collective timeout is always set so that a dead peer fails the job with an error instead of
@@ -79,13 +80,21 @@ def init_runtime(backend: str = "auto", timeout_s: float = 120.0) -> Runtime:
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(
-            chosen,
-            rank=rank,
-            world_size=world_size,
-            timeout=_dt.timedelta(seconds=timeout_s),
-        )
+        timeout = _dt.timedelta(seconds=timeout_s)
+        dist.init_process_group(chosen, store=_attempt_store(rank, world_size, timeout), rank=rank,
+                                world_size=world_size, timeout=timeout)
     return Runtime(rank, world_size, local_rank, chosen, device)
+
+
+def _attempt_store(rank: int, world_size: int, timeout: _dt.timedelta) -> dist.Store:
+    """The env:// store init_process_group would make, its keys scoped to torchrun's restart count.
+
+    torchrun restarts workers (``max_restarts``) on the same agent store: without a scope the
+    restarted ranks read the dead ranks' gloo addresses, still under the same keys, and the new
+    group fails to connect ("connectFullMesh failed ... Connection refused")."""
+    store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    return dist.PrefixStore(f"commlab/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
 
 
 WORKER_NAME = "commlab-rank{rank}"  # a training worker's process name (ps, top, /proc/PID/comm)
