@@ -113,6 +113,16 @@ def run_dir(paper: str, name: str, seed: int) -> str:
     return f"results/{paper}/{name}/seed{seed}"
 
 
+def paper_priority(wildcards) -> int:
+    """Papers train in the order the config lists them (the baseline first) and each report is
+    built as soon as its paper's runs are done (priority above any training job), so reports
+    appear one by one during a long run instead of all at its end."""
+    papers = list(config["papers"])
+    return (
+        len(papers) - papers.index(wildcards.paper) if wildcards.paper in papers else 0
+    )
+
+
 def paper_sentinels(paper: str) -> list:
     return [f"{run_dir(p, n, s)}/sentinel.json" for (p, n, s) in RUNS if p == paper]
 

@@ -28,6 +28,7 @@ rule paper_report:
         claims="reports/{paper}/claims.json",
     log:
         "logs/report/{paper}.log",
+    priority: 1000  # before any training job (common.smk: paper_priority)
     localrule: True
     conda:
         "../envs/commlab.yaml"

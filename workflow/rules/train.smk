@@ -54,6 +54,7 @@ rule train:
         sentinel="results/{paper}/{name}/seed{seed}/sentinel.json",
     log:
         "logs/train/{paper}/{name}/seed{seed}.log",
+    priority: paper_priority
     conda:
         "../envs/commlab.yaml"
     threads: train_threads
