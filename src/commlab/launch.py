@@ -243,7 +243,7 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
         print("[commlab launch] " + " ".join(cmd), flush=True)
         return subprocess.call(cmd)
     print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
-    return run_torchrun(args, config_path, sentinel)
+    return run_torchrun(args)
 
 
 # Imported once by the fork server that every single-node worker is forked from. torch._dynamo
@@ -251,13 +251,19 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
 WORKER_PRELOAD = ["torch", "torch._dynamo", "commlab.train", "commlab.cli"]
 
 
+def start_worker_server() -> None:
+    """Start the fork server the workers are forked from, with :data:`WORKER_PRELOAD` (once)."""
+    import multiprocessing.forkserver
+
+    multiprocessing.forkserver.set_forkserver_preload(WORKER_PRELOAD)  # read when the server starts
+    multiprocessing.forkserver.ensure_running()
+
+
 def start_worker_server_early(config_path: str) -> None:
     """Start the workers' fork server now if the run file asks for one node and no emulated network,
     so that its imports overlap this process's own (validating the config imports torch too):
     about 2.5 s less per run on 2 cores. Only a head start: a wrong guess costs a server that
     exits with this process unused, and :func:`run_torchrun` starts it when this did not."""
-    import multiprocessing.forkserver
-
     import yaml
 
     try:
@@ -266,32 +272,30 @@ def start_worker_server_early(config_path: str) -> None:
     except (OSError, yaml.YAMLError):
         return  # load_config reports it
     if isinstance(raw, dict) and raw.get("nodes", 1) == 1 and not raw.get("network"):
-        multiprocessing.forkserver.set_forkserver_preload(WORKER_PRELOAD)
-        multiprocessing.forkserver.ensure_running()
+        start_worker_server()
 
 
-def run_worker(config_path: str, sentinel: str | None) -> None:
-    """One worker: ``commlab train --config ... [--sentinel ...]`` in a process forked by torchrun's
-    agent; its exit status is the command's."""
+def run_worker(argv: list[str]) -> None:
+    """One worker: the ``commlab`` command ``argv`` (``train --config ...``) in a process forked by
+    torchrun's agent; its exit status is the command's."""
     from commlab.cli import main
 
-    rc = main(["train", "--config", config_path, *(["--sentinel", sentinel] if sentinel else [])])
+    rc = main(argv)
     if rc:
         raise SystemExit(rc)
 
 
-def run_torchrun(args: list[str], config_path: str, sentinel: str | None) -> int:
+def run_torchrun(args: list[str]) -> int:
     """``torchrun *args`` inside this process, with torchrun's exit status.
 
     The same elastic agent, rendezvous and failure handling as the ``torchrun`` command
     (torch.distributed.run), with two savings that matter when every run pays them: no second
     interpreter importing torch, and workers forked from a fork server that imported torch and the
     training loop once (:data:`WORKER_PRELOAD`) instead of ``workers`` fresh interpreters each
-    importing them (~5 s of CPU apiece). The workers run :func:`run_worker`, the ``-m commlab
-    train`` command of ``args``. On SIGTERM/SIGINT the agent forwards the signal to the workers,
+    importing them (~5 s of CPU apiece). The workers run :func:`run_worker` on the arguments of
+    the ``-m commlab`` command in ``args``. On SIGTERM/SIGINT the agent forwards the signal to the workers,
     waits for them (they checkpoint) and this returns 128 + the signal; a failed worker stops the
     others and the failure table names its rank (exit 1)."""
-    import multiprocessing.forkserver
     import uuid
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -304,9 +308,9 @@ def run_torchrun(args: list[str], config_path: str, sentinel: str | None) -> int
         options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     options.start_method = "forkserver"
     launch_config, _, _ = config_from_args(options)
-    multiprocessing.forkserver.set_forkserver_preload(WORKER_PRELOAD)  # no-op once the server runs
+    start_worker_server()
     try:
-        elastic_launch(config=launch_config, entrypoint=run_worker)(config_path, sentinel)
+        elastic_launch(config=launch_config, entrypoint=run_worker)(list(options.training_script_args))
     except ChildFailedError as err:
         print(err, file=sys.stderr, flush=True)
         return 1

@@ -168,9 +168,8 @@ def _run(config: dict, rt, stop: StopSignal, sentinel) -> dict:
         aug_gen.set_state(state["aug_rng"])
         p = Progress.from_state(state["progress"])
         if rt.is_main:
-            restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
             print(f"[commlab] resuming from the checkpoint at step {p.step} (epoch {p.epoch})"
-                  + (f", torchrun restart {restart}" if restart else ""), file=sys.stderr, flush=True)
+                  + (f", torchrun restart {rt.restart}" if rt.restart else ""), file=sys.stderr, flush=True)
         if p.done and p.step != total_steps:
             raise ValueError(f"the run in {out} finished after {p.step} steps but the config now asks for "
                              f"{total_steps}; use another output_dir for a longer run")

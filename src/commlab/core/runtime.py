@@ -37,6 +37,7 @@ class Runtime:
     local_rank: int
     backend: str
     device: torch.device
+    restart: int = 0  # how many times torchrun has restarted the workers (max_restarts)
 
     @property
     def is_main(self) -> bool:
@@ -73,6 +74,7 @@ def init_runtime(backend: str = "auto", timeout_s: float = 120.0) -> Runtime:
     rank = int(os.environ["RANK"])
     world_size = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     chosen = choose_backend(backend)
     if chosen == "nccl":
         torch.cuda.set_device(local_rank)
@@ -81,12 +83,12 @@ def init_runtime(backend: str = "auto", timeout_s: float = 120.0) -> Runtime:
         device = torch.device("cpu")
     if not dist.is_initialized():
         timeout = _dt.timedelta(seconds=timeout_s)
-        dist.init_process_group(chosen, store=_attempt_store(rank, world_size, timeout), rank=rank,
+        dist.init_process_group(chosen, store=_attempt_store(rank, world_size, timeout, restart), rank=rank,
                                 world_size=world_size, timeout=timeout)
-    return Runtime(rank, world_size, local_rank, chosen, device)
+    return Runtime(rank, world_size, local_rank, chosen, device, restart)
 
 
-def _attempt_store(rank: int, world_size: int, timeout: _dt.timedelta) -> dist.Store:
+def _attempt_store(rank: int, world_size: int, timeout: _dt.timedelta, restart: int) -> dist.Store:
     """The env:// store init_process_group would make, its keys scoped to torchrun's restart count.
 
     torchrun restarts workers (``max_restarts``) on the same agent store: without a scope the
@@ -94,7 +96,7 @@ def _attempt_store(rank: int, world_size: int, timeout: _dt.timedelta) -> dist.S
     group fails to connect ("connectFullMesh failed ... Connection refused")."""
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
     store.set_timeout(timeout)
-    return dist.PrefixStore(f"commlab/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return dist.PrefixStore(f"commlab/attempt_{restart}", store)
 
 
 WORKER_NAME = "commlab-rank{rank}"  # a training worker's process name (ps, top, /proc/PID/comm)
