@@ -192,6 +192,12 @@ if q_names and a_names:
     step_ratios = {a: runs[runs.name == a].steps_to_target.mean() / q_steps for a in a_names}
     # "as fast with about half": at most 0.6 of the bytes and at most 1.1 of the steps.
     half = [a for a in a_names if ratios[a] <= 0.6 and step_ratios[a] <= 1.1]
+    # PowerSGD (rank-r, error feedback) is a further baseline, not the paper's: shown, not judged.
+    p_names = sorted(runs[runs.method == "powersgd"].name.unique())
+    p_bytes = {p: np.nanmean([cost_to_reach(r, target, "bytes_sent") for r in runs[runs.name == p].run_id])
+               for p in p_names}
+    powersgd_note = ("; beside it, PowerSGD's bytes to the same loss over QSGD's: "
+                     + ", ".join(f"{p} {b / q_bytes:.3f}" for p, b in p_bytes.items())) if p_bytes else ""
     claims.append(Claim(
         claim="ADPSGD converges as fast as quantised SGD with about half of its communication",
         paper="abstract; vs gradient-quantisation SGD",
@@ -204,7 +210,7 @@ if q_names and a_names:
         note=f"{len(half)}/{len(a_names)} ADPSGD variants need <= 0.6 of QSGD's bytes and <= 1.1 of "
              "its steps; target = the highest of the runs' best smoothed training losses, so each "
              "reaches it. Periodic averaging sends the float32 model once per period, QSGD a "
-             "quantised gradient every step (all-gather, grows with P)"))
+             "quantised gradient every step (all-gather, grows with P)" + powersgd_note))
 else:
     claims.append(Claim(
         claim="ADPSGD converges as fast as quantised SGD with about half of its communication",
