@@ -274,6 +274,24 @@ def test_selector_policy_by_layer_size_and_dgc_uses_exact_topk():
         parse_options(DGC.Options, {"reuse_every": 10})
 
 
+def test_paper_grid_runs_every_selector_where_the_paper_uses_it():
+    """The paper-scale grid has a layer above 4M elements (VGG-16's 4096x4096 classifier layer), so
+    the threshold binary search runs at the paper's thresholds, and a 1M-4M one for trimmed top-k."""
+    from pathlib import Path
+
+    from commlab.grid import resolve_grid
+    from commlab.models import build_model
+
+    root = Path(__file__).resolve().parents[1]
+    runs = resolve_grid("redsync", scale="paper", papers_dir=root / "config/papers")
+    config = runs[("redsync_vgg16fc", 0)]
+    model = build_model(config["model"], 3, 10, 32)
+    algo = RedSync(model, None, parse_options(RedSync.Options, config["method_params"]), None)
+    selectors = {algo.selector_for(p.numel()) for p in model.parameters()}
+    assert {"binary_search", "trimmed_topk", "exact_topk", None} <= selectors
+    assert max(p.numel() for p in model.parameters()) == 4096 * 4096 > config["method_params"]["binary_search_above"]
+
+
 def test_density_warmup_schedule():
     opts = parse_options(RedSync.Options, {"warmup": True, "density": 0.001})
     assert [warmup_density(e, opts) for e in (0, 0.5, 1, 2, 3, 4, 10)] == \

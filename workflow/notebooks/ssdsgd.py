@@ -153,24 +153,32 @@ def emulated_speed(method: str) -> tuple[str, str | None]:
 ours, speedup, diff = speed_and_accuracy("ssd_k5_glu")
 ours_k2, _, _ = speed_and_accuracy("ssd_k2_glu")
 net_text, net_verdict = emulated_speed("ssdsgd")
-if net_verdict is not None and diff is not None:
-    # Emulated links decide "faster"; the loopback runs decide "accuracy within a point".
-    fast, close = net_verdict in ("reproduced", "partly reproduced"), abs(diff) <= 1.0
-    verdict = ("reproduced" if net_verdict == "reproduced" and close
-               else "partly reproduced" if fast or close else "not reproduced")
+# Two claims, judged apart: speed (emulated links when measured, else loopback) and accuracy.
+if net_verdict is not None:
+    verdict = net_verdict
 elif speedup is None:
     verdict = "not measured"
 else:
-    fast, close = speedup >= 1.05, abs(diff) <= 1.0
-    verdict = "reproduced" if fast and close else "partly reproduced" if fast or close else "not reproduced"
+    verdict = "reproduced" if speedup >= 1.05 else "not reproduced"
 claims.append(Claim(
-    "SSD-SGD trains faster than SSGD (up to 110%, i.e. 2.1x) with accuracy within about a point",
+    "SSD-SGD trains faster than SSGD (up to 110%, i.e. 2.1x)",
     "SSD-SGD abstract and evaluation: CIFAR-10 ResNet-20, ImageNet ResNet-50, k = 5, GLU",
-    "; ".join(t for t in (net_text, "loopback runs " + ours if ours != "no runs" else ours) if t)
-    + (f". With k = 2: {ours_k2}" if ours_k2 != "no runs" else ""), verdict,
-    (EMULATED + " Faster = a higher throughput on every emulated link, most on the slowest; accuracy "
-     "from the loopback runs." if net_verdict else
-     LOOPBACK + " Faster = at least 1.05x on every seed.") + " The verdict uses k = 5, the papers' setting."))
+    "; ".join(t for t in (net_text, "loopback runs " + ours.split("; accuracy")[0]
+                          if ours != "no runs" else ours) if t)
+    + (f". With k = 2: {ours_k2.split('; accuracy')[0]}" if ours_k2 != "no runs" else ""), verdict,
+    (EMULATED + " Faster = a higher throughput on every emulated link, most on the slowest."
+     if net_verdict else LOOPBACK + " Faster = at least 1.05x on every seed.")
+    + " The verdict uses k = 5, the papers' setting."))
+if diff is None:
+    verdict = "not measured"
+else:
+    verdict = "reproduced" if abs(diff) <= 1.0 else "partly reproduced" if abs(diff) <= 2.0 else "not reproduced"
+claims.append(Claim(
+    "SSD-SGD's test accuracy is within about a point of SSGD's",
+    "SSD-SGD abstract and evaluation: CIFAR-10 ResNet-20, ImageNet ResNet-50, k = 5, GLU",
+    ("loopback runs " + ours[ours.index("accuracy"):] if diff is not None else ours)
+    + (f". With k = 2: {ours_k2[ours_k2.index('accuracy'):]}" if ours_k2 != "no runs" else ""), verdict,
+    "Within a point = |mean difference over seeds| <= 1 point (partly: <= 2). The verdict uses k = 5."))
 
 ours, speedup, diff = speed_and_accuracy("odsgd_glu")
 if diff is None:

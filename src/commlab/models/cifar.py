@@ -55,9 +55,8 @@ def resnet44(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) 
 _VGG16 = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 
 
-@MODELS.register("vgg16")
-def vgg16(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> nn.Module:
-    """VGG-16 with batch norm for 32x32 inputs (28x28 inputs are padded by the first pools)."""
+def _vgg16_features(in_channels: int, image_size: int) -> tuple[list[nn.Module], int]:
+    """VGG-16's convolutions with batch norm, and the side of the feature map they leave."""
     layers: list[nn.Module] = []
     cin, side = in_channels, image_size
     for v in _VGG16:
@@ -68,8 +67,24 @@ def vgg16(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> 
         else:
             layers += [nn.Conv2d(cin, v, 3, padding=1, bias=False), nn.BatchNorm2d(v), nn.ReLU()]
             cin = v
-    layers += [nn.Flatten(), nn.Linear(512 * side * side, num_classes)]
-    return nn.Sequential(*layers)
+    return layers, side
+
+
+@MODELS.register("vgg16")
+def vgg16(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> nn.Module:
+    """VGG-16 with batch norm for 32x32 inputs (28x28 inputs are padded by the first pools)."""
+    layers, side = _vgg16_features(in_channels, image_size)
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * side * side, num_classes))
+
+
+@MODELS.register("vgg16_fc")
+def vgg16_fc(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> nn.Module:
+    """VGG-16 with the original fully connected classifier (two 4096-wide hidden layers, dropout),
+    as in RedSync's released VGG-16: 34M parameters, with a 4096x4096 layer (16.8M elements) above
+    RedSync's 4M threshold for its binary-search selector, and a 2.1M one for its trimmed top-k."""
+    layers, side = _vgg16_features(in_channels, image_size)
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * side * side, 4096), nn.ReLU(), nn.Dropout(),
+                         nn.Linear(4096, 4096), nn.ReLU(), nn.Dropout(), nn.Linear(4096, num_classes))
 
 
 @MODELS.register("resnet50")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 KERNEL_NAME = "commlab-python"
 VERDICT_COLOURS = {"reproduced": "#d4edda", "partly reproduced": "#fff3cd", "not reproduced": "#f8d7da",
-                   "not measured": "#e2e3e5"}
+                   "not measured": "#e2e3e5", "consistent": "#d1ecf1", "inconsistent": "#f5c6cb"}
 
 
 class ReportError(RuntimeError):

@@ -3,6 +3,10 @@
 A notebook builds a list of :class:`Claim` from measured runs and calls :func:`write_claims`,
 which saves ``<out>/<paper>/claims.json``; the report index gathers every paper's file into one
 summary. Verdicts are one of ``VERDICTS``; "not measured" is honest when a run is missing.
+
+A statement that holds by construction (a byte count given by a formula, a density the method is
+set to) is no reproduction of a paper: it is a consistency check of our own accounting, with the
+verdict ``consistent`` or ``inconsistent`` (``CHECKS``), listed apart from the paper's claims.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
-VERDICTS = ("reproduced", "partly reproduced", "not reproduced", "not measured")
+REPRODUCTION = ("reproduced", "partly reproduced", "not reproduced", "not measured")
+CHECKS = ("consistent", "inconsistent")  # statements that hold by construction
+VERDICTS = REPRODUCTION + CHECKS
 
 
 @dataclass
@@ -27,6 +33,17 @@ class Claim:
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+    @property
+    def is_check(self) -> bool:
+        """Whether this is a consistency check (holds by construction), not a paper's claim."""
+        return self.verdict in CHECKS
+
+
+def check(claim: str, paper: str, ours: str, holds: bool | None, note: str = "") -> Claim:
+    """A consistency check: ``holds`` None when nothing was measured."""
+    verdict = "not measured" if holds is None else "consistent" if holds else "inconsistent"
+    return Claim(claim=f"[consistency check] {claim}", paper=paper, ours=ours, verdict=verdict, note=note)
 
 
 def mean_sd(values) -> str:
