@@ -15,7 +15,7 @@ from commlab.testing import run_distributed
 
 SEED = 7
 WORLD = 4
-STEPS = 4  # step 0 dense (start_iter=1), then three compressed steps (warm start, error feedback)
+STEPS = 4  # step 0 dense (warmup_steps=1), then three compressed steps (warm start, error feedback)
 
 
 def _grads_at(model, rank, step):
@@ -82,7 +82,7 @@ def _reference(rank_opt):
 
 @pytest.fixture(scope="module")
 def low_rank_runs():
-    return run_distributed(_run, WORLD, ({"rank": 2, "start_iter": 1},))
+    return run_distributed(_run, WORLD, ({"rank": 2, "warmup_steps": 1},))
 
 
 def test_powersgd_matches_the_reference_on_every_rank(low_rank_runs):
@@ -115,7 +115,7 @@ def test_powersgd_bytes_are_two_ring_allreduces_of_the_factors(low_rank_runs):
 
 
 def test_powersgd_at_full_rank_applies_the_dense_mean():
-    runs = run_distributed(_run, WORLD, ({"rank": 64, "start_iter": 0, "min_compression_rate": 0.1},))
+    runs = run_distributed(_run, WORLD, ({"rank": 64, "warmup_steps": 0, "min_compression_rate": 0.1},))
     torch.manual_seed(0)
     model = TinyMLP(hidden=32)
     for step in range(STEPS):
@@ -126,7 +126,7 @@ def test_powersgd_at_full_rank_applies_the_dense_mean():
                 torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("params,match", [({"rank": 0}, "rank"), ({"start_iter": -1}, "start_iter"),
+@pytest.mark.parametrize("params,match", [({"rank": 0}, "rank"), ({"warmup_steps": -1}, "warmup_steps"),
                                           ({"min_compression_rate": 0}, "min_compression_rate")])
 def test_powersgd_rejects_bad_options(params, match):
     with pytest.raises(ValueError, match=match):

@@ -58,6 +58,19 @@ def test_faster_on_slow_links_verdicts(ratios, verdict):
     assert ours == f"loopback: {ratios[0]:.2f}x, 1000Mbit: {ratios[1]:.2f}x, 100Mbit: {ratios[2]:.2f}x"
 
 
+@pytest.mark.parametrize(("ratios", "verdict", "words"), [
+    ([1.0, 1.3, 1.7], "reproduced", "within"),          # trend and magnitude as the paper's
+    ([1.0, 1.1, 1.2], "partly reproduced", "below"),    # the trend, but a smaller gain than the paper's
+    ([1.0, 1.3, 2.5], "reproduced", "above"),
+    ([1.0, 1.5, 1.42], "partly reproduced", "below"),   # gain falls on the slowest link
+])
+def test_faster_on_slow_links_sets_the_magnitude_beside_the_papers(ratios, verdict, words):
+    series = pd.Series(ratios, index=["loopback", "1000Mbit", "100Mbit"])
+    ours, got = faster_on_slow_links(series, paper=(1.46, 1.95))
+    assert got == verdict
+    assert ours.endswith(f"paper 1.46-1.95x: our slowest link's gain is {words} it")
+
+
 def test_no_emulated_link_is_not_measured():
     assert faster_on_slow_links(pd.Series([1.3], index=["loopback"]))[1] == "not measured"
     assert faster_on_slow_links(pd.Series(dtype=float)) == ("no measurement", "not measured")

@@ -1,7 +1,7 @@
 """PowerSGD: rank-r gradient compression with error feedback (Vogels, Karimireddy & Jaggi,
 NeurIPS 2019), a baseline beside QSGD and fp16 (PAPERS.md, "Peer systems").
 
-Every step, after ``start_iter`` dense steps, each rank forms ``M = g + e`` per layer (``e``: its
+Every step, after ``warmup_steps`` dense steps, each rank forms ``M = g + e`` per layer (``e``: its
 error memory) and views it as a matrix (first dimension x the rest). Layers that are vectors, or
 whose rank-r factors would not save ``min_compression_rate`` times the elements, are averaged
 densely. For the others (the paper's Algorithm 1 with one power iteration, warm-started):
@@ -63,7 +63,7 @@ class PowerSGD(Algorithm):
     @dataclass
     class Options:
         rank: int = 2  # r: columns of the low-rank factors P (n x r) and Q (m x r)
-        start_iter: int = 10  # dense allreduce for this many steps first (torch: start_powerSGD_iter)
+        warmup_steps: int = 10  # dense allreduce for this many steps first (torch: start_powerSGD_iter)
         min_compression_rate: float = 2.0  # compress a layer only if its factors are this much smaller
         error_feedback: bool = True  # keep what the approximation missed and add it next step
         warm_start: bool = True  # reuse last step's Q (one power iteration per step); else a new random Q
@@ -72,8 +72,8 @@ class PowerSGD(Algorithm):
         def validate(self) -> None:
             if self.rank < 1:
                 raise ValueError(f"rank must be at least 1, got {self.rank}")
-            if self.start_iter < 0:
-                raise ValueError(f"start_iter must be >= 0, got {self.start_iter}")
+            if self.warmup_steps < 0:
+                raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
             if self.min_compression_rate <= 0:
                 raise ValueError(f"min_compression_rate must be positive, got {self.min_compression_rate}")
             if self.epsilon < 0:
@@ -107,7 +107,7 @@ class PowerSGD(Algorithm):
     def after_backward(self, info: StepInfo) -> None:
         world = self.comm.size
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.low_rank + self.dense]
-        if info.step < self.options.start_iter:
+        if info.step < self.options.warmup_steps:
             with self.comm.reduction():
                 flat = self.comm.all_reduce(torch.cat([g.reshape(-1) for g in grads]), op="avg")
             write_grads(self.low_rank + self.dense, flat)

@@ -10,6 +10,7 @@ cumulative counters back to get per-step time, compute, bytes and collectives.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -196,12 +197,13 @@ def metric_points(uri: str, run_id: str) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def step_summary(points: list[dict], workers: int, batch: int) -> dict:
-    """Per-step rates between the first and the last logged point (start-up excluded)."""
-    pts = [p for p in points if "wall_seconds" in p]
+def step_summary(points: list[dict], workers: int, batch: int, from_step: int = 0) -> dict:
+    """Per-step rates between the first logged point at or after ``from_step`` (the end of the
+    method's dense warm-up; start-up excluded) and the last one."""
+    pts = [p for p in points if "wall_seconds" in p and p["step"] >= from_step]
     if len(pts) < 2:
-        raise ValueError(f"need two logged points with wall_seconds, got {len(pts)}; raise max_steps "
-                         f"or lower log_every")
+        raise ValueError(f"need two logged points with wall_seconds from step {from_step}, got {len(pts)}; "
+                         f"raise max_steps or lower log_every")
     first, last = pts[0], pts[-1]
     steps = last["step"] - first["step"]
     wall = last["wall_seconds"] - first["wall_seconds"]
@@ -209,7 +211,7 @@ def step_summary(points: list[dict], workers: int, batch: int) -> dict:
     def per_step(key: str) -> float:
         return (last.get(key, 0.0) - first.get(key, 0.0)) / steps
 
-    return {"steps_measured": steps, "step_s": wall / steps,
+    return {"steps_measured": steps, "from_step": first["step"], "step_s": wall / steps,
             "samples_per_s": steps * workers * batch / wall if wall > 0 else None,
             "compute_s": per_step("compute_seconds"), "comm_s": per_step("comm_seconds"),
             "blocked_s": per_step("blocked_seconds"), "selection_s": per_step("selection_seconds"),
@@ -218,27 +220,66 @@ def step_summary(points: list[dict], workers: int, batch: int) -> dict:
             "reductions_per_step": per_step("reductions_global")}
 
 
+@functools.cache
+def grid_method_params(method: str, papers_dir: str = "config/papers", config_file: str = "config/config.yaml") -> dict:
+    """``method``'s options as the laptop-scale paper grids run it: those of its first run in the
+    first grid (in the default config's paper order) that has one; {} when no grid runs it."""
+    from commlab.grid import resolve_grid
+
+    try:
+        order = yaml.safe_load(Path(config_file).read_text()).get("papers", [])
+    except OSError:
+        order = []
+    papers = list(dict.fromkeys([*order, *sorted(p.stem for p in Path(papers_dir).glob("*.yaml"))]))
+    for paper in papers:
+        for run in resolve_grid(paper, scale="laptop", papers_dir=papers_dir).values():  # the grid's order
+            if run["method"] == method:
+                return dict(run.get("method_params") or {})
+    return {}
+
+
+def warmup_steps(config: dict) -> int:
+    """Dense warm-up steps of a run config's method (its ``warmup_steps`` option, 0 if it has none)."""
+    from dataclasses import fields
+
+    from commlab.registry import ALGORITHMS
+
+    defaults = {f.name: f.default for f in fields(ALGORITHMS.get(config["method"]).Options)}
+    return int((config.get("method_params") or {}).get("warmup_steps", defaults.get("warmup_steps", 0)) or 0)
+
+
 def base_config(args, method: str, workers: int, steady: bool = True) -> dict:
-    """A short training run of ``method`` from the benchmark's common options; ``steady`` sets a
-    method's ``warmup_steps`` to 0 (unless given or ``--keep-warmup``)."""
+    """A short training run of ``method`` from the benchmark's common options. Method options come
+    from the paper grids (``--options grid``, the default) or the method's defaults, then
+    ``--param``; ``steady`` with ``--no-warmup`` sets a method's ``warmup_steps`` to 0."""
     config = {"paper": "bench", "name": method, "method": method, "seed": args.seed, "workers": workers,
               "model": args.model, "dataset": args.dataset, "data_dir": args.data_dir, "threads": 1,
               "timeout_s": 300.0,
               "train": {"epochs": getattr(args, "epochs", 1), "batch_size": args.batch_size, "lr": args.lr,
                         "log_every": args.log_every, "max_steps": getattr(args, "max_steps", None)}}
-    params = {k.split(".", 1)[1]: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in args.param or [])
-              if k.split(".", 1)[0] == method}
-    if steady and not getattr(args, "keep_warmup", False):
-        # Short speed runs measure the method itself, not its dense warm-up phase.
+    params = grid_method_params(method) if getattr(args, "options", "defaults") == "grid" else {}
+    params.update({k.split(".", 1)[1]: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in args.param or [])
+                   if k.split(".", 1)[0] == method})
+    if steady and getattr(args, "no_warmup", False):
         from dataclasses import fields
 
         from commlab.registry import ALGORITHMS
 
         if "warmup_steps" in {f.name for f in fields(ALGORITHMS.get(method).Options)}:
-            params.setdefault("warmup_steps", 0)
+            params["warmup_steps"] = 0
     if params:
         config["method_params"] = params
     return config
+
+
+def steady_config(args, method: str, workers: int) -> tuple[dict, int]:
+    """A speed run of ``method``: its dense warm-up (if any) and then ``--max-steps`` measured steps;
+    returns the config and the step from which to measure."""
+    config = base_config(args, method, workers)
+    warm = warmup_steps(config)
+    if config["train"].get("max_steps") is not None:
+        config["train"]["max_steps"] += warm
+    return config, warm
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, model: str = "cnn") -> None:
@@ -254,8 +295,12 @@ def add_training_arguments(parser: argparse.ArgumentParser, model: str = "cnn") 
     parser.add_argument("--param", action="append", metavar="METHOD.key=value",
                         help="a method option, e.g. --param kstep.period=8 (repeatable)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch folder of the runs (logs, MLflow)")
-    parser.add_argument("--keep-warmup", action="store_true",
-                        help="keep each method's dense warm-up steps (default for speed runs: warmup_steps=0)")
+    parser.add_argument("--options", choices=["grid", "defaults"], default="grid",
+                        help="method options: as the laptop-scale paper grids run each method (default), "
+                             "or each method's defaults")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="skip each method's dense warm-up (warmup_steps=0); by default it runs and "
+                             "speed is measured after it (steady state)")
 
 
 def resolve_dataset(args) -> str:

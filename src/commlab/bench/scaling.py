@@ -32,13 +32,13 @@ from commlab.bench.common import (
     Workdir,
     add_output_arguments,
     add_training_arguments,
-    base_config,
     emulation_unavailable,
     gpu_model_step_times,
     md_table,
     network_context,
     resolve_dataset,
     run_training,
+    steady_config,
     step_summary,
     write_report,
 )
@@ -72,12 +72,12 @@ def _pattern(method: str) -> tuple[str, str]:
 
 
 def measure_profile(args, method: str, workers: int, workdir: Workdir, net=None) -> dict:
-    config = base_config(args, method, workers)
+    config, warm = steady_config(args, method, workers)
     config["train"]["test_subset"] = 500
     run = run_training(config, workdir, net)
     if "error" in run:
         raise RuntimeError(f"{method} at P={workers} failed: {run['error'][-400:]}")
-    return step_summary(run["points"], workers, args.batch_size)
+    return step_summary(run["points"], workers, args.batch_size, from_step=warm)
 
 
 def validate(args, workdir: Workdir) -> dict:

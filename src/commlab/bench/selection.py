@@ -7,11 +7,16 @@ For each device and size n (default 1M, 10M and 100M float32 normal entries) and
 * ``read``: ``x.sum()``, one pass over the tensor: the memory-bandwidth floor of any selection;
 * ``torch.topk``: ``torch.topk(x.abs(), k)``, the exact reference;
 * every selector in ``SELECTORS`` (selectors registered later appear by themselves), a fresh
-  instance called on the same tensor, ``--calls`` rounds or more, all entries interleaved round by
-  round (so that drift in the machine's load hits all alike): ``first`` is the first call (for
-  stateful selectors the exact one), ``median`` the median of the later calls (their steady
-  state: a reused threshold), and for selectors that recompute every ``recompute_every`` calls
-  ``amortized`` = (first + (T-1)·median)/T.
+  instance called ``--calls`` rounds or more, all entries interleaved round by round (so that
+  drift in the machine's load hits all alike): ``first`` is the first call (for stateful selectors
+  the exact one), ``median`` the median of the later calls (their steady state), and for
+  selectors that recompute every ``recompute_every`` calls ``amortized`` = (first + (T-1)·median)/T.
+
+The tensor changes from round to round (``--stream drifting``, the default) as a residual does in
+training: x ← 0.9·x + s_t·noise with a scale s_t that grows by ``--drift`` per round, so a selector
+that reuses a threshold pays for its corrections, and one that does not correct selects too many
+or too few: ``selected_over_k`` is the median count over k and ``selected_over_k_max`` the worst
+call. ``--stream fixed`` calls every entry on one tensor (the lower bound of a reused threshold).
 
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
 median / read (both < 1 is impossible for ratio_read: it is the floor); the markdown table is
@@ -50,32 +55,52 @@ def _timed(fn, device: torch.device, clock=time.perf_counter):
     return clock() - t0, out
 
 
-def measure(x: torch.Tensor, k: int, calls: int, budget: float, min_seconds: float = 2.0,
+class TensorStream:
+    """The tensors of successive rounds: one fixed tensor, or a drifting residual-like stream
+    x ← 0.9·x + s_t·noise, s_t = drift^t (seeded, on ``device``)."""
+
+    def __init__(self, n: int, device: torch.device, seed: int, drifting: bool = True, drift: float = 1.02):
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.x = torch.randn(n, generator=self.generator, device=device)
+        self.drifting, self.drift, self.scale = drifting, drift, 1.0
+
+    def next(self) -> torch.Tensor:
+        if self.drifting:
+            self.scale *= self.drift
+            noise = torch.randn(self.x.shape, generator=self.generator, device=self.x.device)
+            self.x.mul_(0.9).add_(noise, alpha=self.scale)
+        return self.x
+
+
+def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds: float = 2.0,
             clock: str = "wall") -> list[dict]:
-    """Reference timings and every selector's on one tensor, interleaved: in every round each
-    entry is called once, in an order rotated from round to round, so that drift in the machine's
-    load hits all entries alike. At least ``calls`` rounds and ``min_seconds``; at most 8x
-    ``calls`` rounds, and no new round once ``budget`` seconds are spent."""
-    device = x.device
-    entries = {"read (x.sum)": (lambda: x.sum(), None),
-               "torch.topk": (lambda: torch.topk(x.abs(), k, sorted=False), None)}
+    """Reference timings and every selector's, interleaved: in every round each entry is called
+    once on that round's tensor, in an order rotated from round to round, so that drift in the
+    machine's load hits all entries alike. At least ``calls`` rounds and ``min_seconds``; at most
+    8x ``calls`` rounds, and no new round once ``budget`` seconds are spent."""
+    current = [stream.x]
+    device = stream.x.device
+    entries = {"read (x.sum)": (lambda: current[0].sum(), None),
+               "torch.topk": (lambda: torch.topk(current[0].abs(), k, sorted=False), None)}
     for name in SELECTORS.names():
         select = SELECTORS.get(name)()
-        entries[name] = (lambda select=select: select(x, k), select)
+        entries[name] = (lambda select=select: select(current[0], k), select)
     names = list(entries)
     times: dict[str, list[float]] = {name: [] for name in names}
-    selected: dict[str, int] = {}
+    selected: dict[str, list[int]] = {}
     spent, rounds = 0.0, 0
     while rounds < calls or (spent < min_seconds and rounds < 8 * calls):
         if rounds >= 3 and spent > budget:
             break
+        if rounds:
+            current[0] = stream.next()
         for j in range(len(names)):
             name = names[(j + rounds) % len(names)]
             seconds, out = _timed(entries[name][0], device, CLOCKS[clock])
             times[name].append(seconds)
             spent += seconds
             if isinstance(out, torch.Tensor) and out.dtype == torch.int64:
-                selected[name] = int(out.numel())
+                selected.setdefault(name, []).append(int(out.numel()))
         rounds += 1
     read_s = statistics.median(times["read (x.sum)"][1:])
     topk_s = statistics.median(times["torch.topk"][1:])
@@ -87,7 +112,8 @@ def measure(x: torch.Tensor, k: int, calls: int, budget: float, min_seconds: flo
         if name == "torch.topk":
             row["selected"] = k
         elif name in selected:
-            row["selected"] = selected[name]
+            row["selected"] = int(statistics.median(selected[name]))
+            row["selected_over_k_max"] = max(selected[name]) / k
         period = getattr(entries[name][1], "recompute_every", None)
         if period:
             row["recompute_every"] = int(period)
@@ -121,6 +147,11 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                         help="wall: elapsed time (default); cpu: this process's CPU time, robust to other "
                              "load on a shared machine (with --threads 1 it approximates an idle core; CPU only)")
+    parser.add_argument("--stream", choices=["drifting", "fixed"], default="drifting",
+                        help="drifting: a new residual-like tensor every round, its scale growing (default); "
+                             "fixed: one tensor for every call")
+    parser.add_argument("--drift", type=float, default=1.02,
+                        help="growth of the drifting stream's noise scale per round (default 1.02)")
     parser.add_argument("--seed", type=int, default=0)
     add_output_arguments(parser)
     args = parser.parse_args(argv)
@@ -140,14 +171,13 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
         for n in args.sizes:
             k = k_for_density(n, args.density)
             try:
-                g = torch.Generator(device=device).manual_seed(args.seed)
-                x = torch.randn(n, generator=g, device=device)
-                rows = measure(x, k, args.calls, args.budget, clock=args.clock)
+                stream = TensorStream(n, device, args.seed, args.stream == "drifting", args.drift)
+                rows = measure(stream, k, args.calls, args.budget, clock=args.clock)
             except (RuntimeError, MemoryError) as err:  # out of memory at the largest sizes
                 skipped.append({"device": dev, "elements": n, "reason": str(err).splitlines()[0]})
                 continue
             finally:
-                x = None
+                stream = None
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
             for row in rows:
@@ -157,14 +187,18 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
 
     table = [{**r, "first_ms": 1000 * r["first_s"], "median_ms": 1000 * r["median_s"],
               "amortized_ms": 1000 * r["amortized_s"] if "amortized_s" in r else None} for r in results]
-    md = [f"Selection of k = {args.density:g}·n of n normal float32 entries; median of later calls "
+    stream_text = (f"a drifting stream (x <- 0.9 x + s_t noise, s_t x{args.drift:g} per round)"
+                   if args.stream == "drifting" else "one fixed tensor")
+    md = [f"Selection of k = {args.density:g}·n of n float32 entries, {stream_text}; median of later calls "
           f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()); "
           f"{args.clock} clock, {torch.get_num_threads()} thread(s).", "",
           md_table(table, [("device", "device"), ("elements", "n"), ("selector", "selector"),
                            ("first_ms", "first ms"), ("median_ms", "median ms"), ("amortized_ms", "amortized ms"),
-                           ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("selected_over_k", "selected / k")])]
+                           ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("selected_over_k", "selected / k"),
+                           ("selected_over_k_max", "worst / k")])]
     md += [f"\nNot measured: {s['device']} {s.get('elements', '')}: {s['reason']}" for s in skipped]
     payload = {"density": args.density, "calls": args.calls, "budget_s": args.budget, "clock": args.clock,
+               "stream": args.stream, "drift": args.drift if args.stream == "drifting" else None,
                "threads": torch.get_num_threads(), "results": results, "skipped": skipped}
     write_report("selection", payload, "\n".join(md), args.json_path or json_path, args.out_dir)
     return 0

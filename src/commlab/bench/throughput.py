@@ -6,9 +6,10 @@ and 100 Mbit/s (:mod:`commlab.netem`), all in this one invocation, so each ratio
 measured minutes apart on the same machine. Samples/s is taken between the first and the last
 logged point of each run (start-up, the first steps and the final evaluation drop out); the
 JSON also keeps per-step compute, communication, bytes and collectives, which feed the cost
-model (``commlab bench scaling``). Methods run without their dense warm-up (``warmup_steps=0``
-where their options have it; ``--keep-warmup`` keeps it), so a short run measures the method
-itself. With ``--repeats R`` the methods are interleaved R times and the median is reported.
+model (``commlab bench scaling``). Methods run with the options the laptop-scale paper grids give
+them (``--options defaults``: their own defaults), dense warm-up included, and the rate is taken
+after the warm-up ends (``--max-steps`` steps of the method itself; ``--no-warmup`` skips the
+warm-up instead). With ``--repeats R`` the methods are interleaved R times and the median is reported.
 Emulated links need root and iproute2; without them those columns are skipped with the reason.
 
     commlab bench throughput                                   # all methods, loopback/1000/100
@@ -24,7 +25,6 @@ from commlab.bench.common import (
     Workdir,
     add_output_arguments,
     add_training_arguments,
-    base_config,
     emulation_unavailable,
     md_table,
     network_context,
@@ -33,6 +33,7 @@ from commlab.bench.common import (
     resolve_dataset,
     resolve_methods,
     run_training,
+    steady_config,
     step_summary,
     write_report,
 )
@@ -53,7 +54,7 @@ def measure_methods(args, methods: list[str], networks: list, workers: int, work
             link = emulated.params if emulated else {}
             for repeat in range(args.repeats):
                 for method in methods:
-                    config = base_config(args, method, workers)
+                    config, warm = steady_config(args, method, workers)
                     config["train"]["test_subset"] = args.test_subset
                     result = run_training(config, workdir, emulated)
                     row = {"network": name, "method": method, "repeat": repeat, "workers": workers,
@@ -62,7 +63,8 @@ def measure_methods(args, methods: list[str], networks: list, workers: int, work
                     if "error" in result:
                         row["error"] = result["error"][-600:]
                     else:
-                        row.update(step_summary(result["points"], workers, args.batch_size))
+                        row.update(step_summary(result["points"], workers, args.batch_size, from_step=warm))
+                        row["warmup_steps"] = warm
                         row["final_train_loss"] = result["final"].get("train_loss")
                     rows.append(row)
                     print(f"[throughput] {name} {method} (repeat {repeat}): "
@@ -125,7 +127,8 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
     table = summarise(rows, methods, names)
     payload = {"workers": args.workers, "model": args.model, "dataset": args.dataset,
                "batch_per_worker": args.batch_size, "max_steps": args.max_steps, "log_every": args.log_every,
-               "repeats": args.repeats, "warmup_steps_zero": not args.keep_warmup, "methods": methods,
+               "repeats": args.repeats, "options": args.options, "warmup_steps_zero": args.no_warmup,
+               "methods": methods,
                "networks": names, "skipped_networks": skipped,
                "summary": table, "runs": rows}
 
@@ -145,7 +148,8 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
     columns.append(("bytes_per_step", "bytes sent/step (rank 0)"))
     md = [f"Samples/s of each method ({args.model}, {args.dataset}, {args.workers} workers x batch "
           f"{args.batch_size}, {args.max_steps} steps, median of {args.repeats}"
-          + (", dense warm-up steps off" if not args.keep_warmup else "")
+          + (", dense warm-up steps off" if args.no_warmup else ", measured after the dense warm-up")
+          + (", the paper grids' method options" if args.options == "grid" else ", default method options")
           + "), and its ratio to dense ssgd measured in the same invocation.", "", md_table(wide, columns)]
     for net, reason in skipped.items():
         md += ["", f"{net}: skipped ({reason})"]
