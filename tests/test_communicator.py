@@ -150,3 +150,16 @@ def test_subgroup_is_local_scope():
         assert value == pytest.approx((2 * index + 2 * index + 1) / 2)
         assert totals["reductions_local"] == 1 and totals["reductions_global"] == 0
         assert totals["collectives_local"] == 1 and totals["collectives_global"] == 0
+
+
+def test_call_records_are_bounded_but_counters_count_every_call():
+    from commlab.core.stats import MAX_CALLS, CommStats
+
+    stats = CommStats()
+    for i in range(MAX_CALLS + 10):
+        stats.record("all_reduce", "global", i, i, 4, 0.0)
+    assert stats.counters["collectives_global"] == MAX_CALLS + 10
+    assert stats.counters["elements_sent"] == sum(range(MAX_CALLS + 10))
+    calls = stats.drain()
+    assert len(calls) == MAX_CALLS and calls[-1].elements_sent == MAX_CALLS + 9 and calls[0].elements_sent == 10
+    assert stats.drain() == []

@@ -8,6 +8,7 @@ as its x-axis.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 COUNTERS = (
@@ -15,6 +16,7 @@ COUNTERS = (
     "collectives_global", "collectives_local", "reductions_global", "reductions_local",
     "comm_seconds", "blocked_seconds", "selection_seconds", "elements_selected",
 )
+MAX_CALLS = 4096  # call records kept between drains: the newest; the counters count every call
 
 
 @dataclass
@@ -32,10 +34,11 @@ class CallRecord:
 
 @dataclass
 class CommStats:
-    """Cumulative counters plus the records of the calls since the last :meth:`drain`."""
+    """Cumulative counters plus the records of the calls since the last :meth:`drain` (at most
+    :data:`MAX_CALLS`, the newest: a training run that never drains keeps bounded memory)."""
 
     counters: dict = field(default_factory=lambda: {k: 0 for k in COUNTERS})
-    calls: list = field(default_factory=list)
+    calls: deque = field(default_factory=lambda: deque(maxlen=MAX_CALLS))
     keep_calls: bool = True
 
     def record(self, op: str, scope: str, sent: int, recv: int, esize: int, seconds: float) -> None:
@@ -66,7 +69,8 @@ class CommStats:
 
     def drain(self) -> list[CallRecord]:
         """Return and forget the call records gathered since the last drain."""
-        calls, self.calls = self.calls, []
+        calls = list(self.calls)
+        self.calls.clear()
         return calls
 
     def totals(self) -> dict:
