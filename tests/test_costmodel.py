@@ -82,7 +82,7 @@ def test_profile_from_metric_points():
     assert prof.compute_s == pytest.approx(0.1)
     assert prof.bytes_per_step == pytest.approx(2000.0)
     assert prof.collectives_per_step == pytest.approx(2.0)
-    assert prof.pattern == "ring_allreduce" and prof.pattern_source == "known method name"
+    assert prof.pattern == "ring_allreduce" and prof.pattern_source == "declared by the method class"
     with pytest.raises(ValueError, match="two different steps"):
         cm.profile_from_metrics("ssgd", points[:1], 4, 32)
     with pytest.raises(ValueError, match="unknown pattern"):
@@ -101,3 +101,23 @@ def test_cluster_ratio_and_matching_bandwidth():
     assert math.isclose(v100.ratio, 0.79, rel_tol=0.02)
     with pytest.raises(ValueError):
         cm.matching_bandwidth_mbit(1e6, 0.0, 4, v100)
+
+
+def test_every_registered_method_declares_its_pattern():
+    from commlab.registry import ALGORITHMS
+
+    patterns = {name: cm.pattern_for(name, ALGORITHMS.get(name)) for name in ALGORITHMS.names()}
+    assert all(source == "declared by the method class" for _, source in patterns.values()), patterns
+    assert {n: p for n, (p, _) in patterns.items() if p != "ring_allreduce"} == {
+        "dgc": "allgather", "gaussiank": "allgather", "gtopk": "tree", "oktopk": "oktopk", "qsgd": "allgather",
+        "redsync": "allgather", "topk_allgather": "allgather"}
+
+    class Undeclared:
+        comm_pattern = None
+
+    class Wrong:
+        comm_pattern = "butterfly"
+
+    assert cm.pattern_for("x", Undeclared) == ("ring_allreduce", "assumed (the method declares no comm_pattern)")
+    with pytest.raises(ValueError, match="butterfly"):
+        cm.pattern_for("x", Wrong)

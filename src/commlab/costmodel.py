@@ -28,8 +28,8 @@ is its measured collectives per step (1 for Ok-Topk, whose formula is the whole 
 Periodic averaging needs no pattern of its own: its measured collectives and bytes per step already
 carry the 1/H. Assumptions: no overlap of communication with compute, every byte crosses the slow
 link (pessimistic for hierarchical methods), compute per worker does not change with P, and a
-method's pattern is its class's ``comm_pattern`` attribute, else :data:`KNOWN_PATTERNS`, else ring
-allreduce (flagged "assumed").
+method's pattern is its class's ``comm_pattern`` attribute (a method that declares none is
+modelled as a ring allreduce, flagged "assumed").
 
 Matching a laptop run to a cluster (part 2): the emulated bandwidth is chosen so that the ratio
 of communication to computation time equals the cluster's::
@@ -110,15 +110,6 @@ PATTERNS: dict[str, Pattern] = {pat.name: pat for pat in (
     Pattern("tree", lambda p: 2 * _log2(p), lambda p: 2 * _log2(p), lambda p: _log2(p)),
 )}
 
-# Methods whose pattern is known by name (a method class may instead set ``comm_pattern``).
-KNOWN_PATTERNS = {
-    "ssgd": "ring_allreduce", "ddp": "ring_allreduce", "kstep": "ring_allreduce", "cpsgd": "ring_allreduce",
-    "adpsgd": "ring_allreduce", "hierarchical": "ring_allreduce", "ssdsgd": "ring_allreduce",
-    "odsgd": "ring_allreduce", "powersgd": "ring_allreduce", "localsgd": "ring_allreduce",
-    "kstep_hier": "ring_allreduce", "fp16": "ring_allreduce",
-    "topka": "allgather", "topk_allgather": "allgather", "redsync": "allgather", "gaussiank": "allgather",
-    "dgc": "allgather", "qsgd": "allgather", "oktopk": "oktopk", "gtopk": "tree", "topkdsa": "split_and_reduce",
-}
 
 
 # ---------------------------------------------------------------------- the named formulas
@@ -211,9 +202,9 @@ def pattern_for(method: str, cls: type | None = None) -> tuple[str, str]:
     declared = getattr(cls, "comm_pattern", None) if cls is not None else None
     if declared in PATTERNS:
         return declared, "declared by the method class"
-    if method in KNOWN_PATTERNS:
-        return KNOWN_PATTERNS[method], "known method name"
-    return "ring_allreduce", "assumed (unknown method)"
+    if declared is not None:
+        raise ValueError(f"{method}: comm_pattern {declared!r} is not one of {sorted(PATTERNS)}")
+    return "ring_allreduce", "assumed (the method declares no comm_pattern)"
 
 
 def infer_pattern(bytes_by_workers: dict[int, float]) -> str:

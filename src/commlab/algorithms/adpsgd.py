@@ -251,6 +251,8 @@ class AdaptiveSchedule:
 class _PeriodicAveraging(Algorithm):
     """Local steps; at the schedule's synchronisations average the model and probe V."""
 
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     schedule_cls: type = ConstantSchedule
 
     def setup(self) -> None:

@@ -70,6 +70,9 @@ class Algorithm:
     """Base class: synchronises nothing. Subclasses override the hooks they need."""
 
     Options: type = NoOptions
+    #: The communication pattern whose formula the cost model applies to this method's measured
+    #: volume: a key of :data:`commlab.costmodel.PATTERNS` ("ring_allreduce", "allgather", ...).
+    comm_pattern: str | None = None
 
     def __init__(self, model: nn.Module, comm: Communicator, options: Any, ctx: AlgoContext):
         self.model = model

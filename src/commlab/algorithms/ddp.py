@@ -22,6 +22,8 @@ from commlab.registry import ALGORITHMS
 class DDP(Algorithm):
     """Wrap the model in DistributedDataParallel; the loop runs forward/backward on the wrapper."""
 
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     @dataclass
     class Options:
         bucket_mb: float = 25.0  # DDP's bucket_cap_mb

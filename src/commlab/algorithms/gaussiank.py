@@ -25,6 +25,8 @@ from commlab.registry import ALGORITHMS
 class GaussianK(SparseAlgorithm):
     """Gaussian-fit threshold selection, allgatherv, average."""
 
+    comm_pattern = "allgather"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     @dataclass
     class Options(SparseOptions):
         lower: float = 0.75  # lower the threshold while fewer than lower*k entries pass

@@ -74,6 +74,8 @@ def tree_topk(comm: Communicator, idx: torch.Tensor, val: torch.Tensor, k: int, 
 class GlobalTopk(SparseAlgorithm):
     """Tree-reduced global top-k, broadcast from rank 0."""
 
+    comm_pattern = "tree"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     @dataclass
     class Options(SparseOptions):
         exact_values: bool = False  # True: allreduce exact sums at the global indices (no residual leak)

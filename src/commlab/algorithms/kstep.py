@@ -109,6 +109,8 @@ class PeriodicAveraging(Algorithm):
 
     Subclasses define :meth:`periods` and may build a local communicator in :meth:`local_comm`."""
 
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     def periods(self) -> tuple[int, int]:
         """(k_local, k_global) in optimizer steps."""
         raise NotImplementedError

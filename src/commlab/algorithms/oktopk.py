@@ -52,6 +52,8 @@ from commlab.registry import ALGORITHMS
 class OkTopk(SparseAlgorithm):
     """Ok-Topk sparse allreduce with residuals, threshold reuse and balanced regions."""
 
+    comm_pattern = "oktopk"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     @dataclass
     class Options(SparseOptions):
         local_recompute_every: int = 32  # tau: steps between exact local thresholds (128 for BERT)

@@ -60,6 +60,8 @@ def compressible(shape: torch.Size, rank: int, min_compression_rate: float) -> b
 class PowerSGD(Algorithm):
     """Rank-r PowerSGD with error feedback and warm start; dense allreduce for the first steps."""
 
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     @dataclass
     class Options:
         rank: int = 2  # r: columns of the low-rank factors P (n x r) and Q (m x r)

@@ -49,6 +49,8 @@ def _write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
 class QSGD(Algorithm):
     """All-gather QSGD-quantised gradients, decode and average them every step."""
 
+    comm_pattern = "allgather"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     @dataclass
     class Options:
         bits: int = 8  # bits per element on the wire (2-8); codes in 2-, 4- or 8-bit slots
@@ -102,6 +104,8 @@ class QSGD(Algorithm):
 @ALGORITHMS.register("fp16")
 class FP16(Algorithm):
     """Dense bucketed allreduce of the gradient pre-divided by P and cast to float16."""
+
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
 
     @dataclass
     class Options:

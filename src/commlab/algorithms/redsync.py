@@ -145,6 +145,8 @@ class Layer:
 class RedSync(Algorithm):
     """Momentum-corrected residual compression with RedSync's selectors (see the module notes)."""
 
+    comm_pattern = "allgather"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     Options = RedSyncOptions
 
     # ---- policy (what dgc overrides) -----------------------------------------------------------

@@ -115,6 +115,8 @@ class _InFlight:
 class DelayedGlobalSGD(Algorithm):
     """Global replica by overlapped synchronous SGD, local replica by compensated local steps."""
 
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     Options = DelayedOptions
 
     @property

@@ -48,6 +48,8 @@ def allreduce_gradients(buckets: list[list[torch.nn.Parameter]], comm) -> None:
 class SynchronousSGD(Algorithm):
     """Average gradients every step with a bucketed dense allreduce."""
 
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
     @dataclass
     class Options:
         bucket_mb: float = 25.0  # bucket size in MB, as DDP's default bucket_cap_mb
