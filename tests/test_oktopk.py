@@ -15,7 +15,7 @@ from torch import nn
 
 from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
 from commlab.algorithms.gtopk import merge_topk
-from commlab.algorithms.sparse_common import flat_grads
+from commlab.algorithms.tensors import flat_grads
 from commlab.config import load_config
 from commlab.core.communicator import Communicator
 from commlab.core.runtime import Runtime

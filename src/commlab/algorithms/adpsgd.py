@@ -70,6 +70,7 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.base import Algorithm, StepInfo, average_tensors
+from commlab.algorithms.tensors import flatten
 from commlab.core.communicator import Communicator
 from commlab.registry import ALGORITHMS
 
@@ -82,11 +83,11 @@ def average_and_probe(tensors: list[torch.Tensor], comm: Communicator, probe_num
     allreduce). Call inside ``comm.reduction()``."""
     before = None
     if probe_numel:
-        before = torch.cat([t.detach().reshape(-1) for t in tensors])[:probe_numel].clone()
+        before = flatten(tensors)[:probe_numel]
     average_tensors(tensors, comm)
     if before is None:
         return None
-    after = torch.cat([t.detach().reshape(-1) for t in tensors])[:probe_numel]
+    after = flatten(tensors)[:probe_numel]
     local = (before.double() - after.double()).pow(2).sum().reshape(1)
     comm.all_reduce(local, op="avg")
     return float(local.item())

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from commlab.algorithms.base import average_tensors
+from commlab.algorithms.tensors import flatten, unflatten_into
 from commlab.core.communicator import Communicator
 
 PHASES = ("last", "first")
@@ -131,11 +132,8 @@ def averaged_copy(model: nn.Module, group: dist.ProcessGroup | None = None) -> n
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     for group_tensors in by_dtype.values():
-        flat = torch.cat([t.reshape(-1) for t in group_tensors])
+        flat = flatten(group_tensors)
         dist.all_reduce(flat, group=group)
         flat.div_(dist.get_world_size(group))
-        offset = 0
-        for t in group_tensors:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        unflatten_into(flat, group_tensors)
     return clone

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from commlab.algorithms.tensors import flatten, unflatten_into
 from commlab.core.communicator import Communicator
 from commlab.core.runtime import Runtime
 from commlab.optim import build_optimizer
@@ -187,25 +188,15 @@ def broadcast_model(model: nn.Module, comm: Communicator, src: int = 0) -> None:
     tensors = [t for t in (*model.parameters(), *model.buffers()) if t.dtype.is_floating_point]
     if comm.size == 1 or not tensors:
         return
-    with torch.no_grad():
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        comm.broadcast(flat, src=src)
-        _unflatten_into(flat, tensors)
+    flat = flatten(tensors)
+    comm.broadcast(flat, src=src)
+    unflatten_into(flat, tensors)
 
 
 def average_tensors(tensors: list[torch.Tensor], comm: Communicator) -> None:
     """Replace each tensor by its mean over the communicator's ranks, in one allreduce."""
     if comm.size == 1 or not tensors:
         return
-    with torch.no_grad():
-        flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-        comm.all_reduce(flat, op="avg")
-        _unflatten_into(flat, tensors)
-
-
-def _unflatten_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:
-    offset = 0
-    for t in tensors:
-        n = t.numel()
-        t.copy_(flat[offset:offset + n].view_as(t))
-        offset += n
+    flat = flatten(tensors)
+    comm.all_reduce(flat, op="avg")
+    unflatten_into(flat, tensors)

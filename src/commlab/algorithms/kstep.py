@@ -62,7 +62,8 @@ from commlab.algorithms.averaging import (
     sync_tensors,
 )
 from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.algorithms.ssgd import allreduce_gradients, grad_buckets
+from commlab.algorithms.ssgd import allreduce_gradients
+from commlab.algorithms.tensors import grad_buckets
 from commlab.core.communicator import Communicator
 from commlab.core.runtime import node_groups
 from commlab.registry import ALGORITHMS

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.algorithms.sparse_common import write_grads
+from commlab.algorithms.tensors import flatten, grads_of, write_grads
 from commlab.registry import ALGORITHMS
 
 Q_INIT_STREAM = 43  # offset of the seed of the first Q's generator (shared by every rank)
@@ -108,10 +108,10 @@ class PowerSGD(Algorithm):
 
     def after_backward(self, info: StepInfo) -> None:
         world = self.comm.size
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.low_rank + self.dense]
+        grads = grads_of(self.low_rank + self.dense)
         if info.step < self.options.warmup_steps:
             with self.comm.reduction():
-                flat = self.comm.all_reduce(torch.cat([g.reshape(-1) for g in grads]), op="avg")
+                flat = self.comm.all_reduce(flatten(grads), op="avg")
             write_grads(self.low_rank + self.dense, flat)
             return
         if self.qs is None or not self.options.warm_start:

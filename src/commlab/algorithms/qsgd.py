@@ -22,27 +22,12 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.algorithms.ssgd import grad_buckets
+from commlab.algorithms.tensors import flat_grads, grad_buckets, write_grads
 from commlab.compress.quantize import NORMS, QSGDQuantizer, default_levels, from_fp16, to_fp16
 from commlab.core.runtime import rank_generator
 from commlab.registry import ALGORITHMS
 
 QSGD_STREAM = 41  # the rank generator stream reserved for QSGD's stochastic rounding
-
-
-def _flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                      for p in params])
-
-
-def _write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
-    offset = 0
-    for p in params:
-        n = p.numel()
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        p.grad.copy_(flat[offset:offset + n].view_as(p))
-        offset += n
 
 
 @ALGORITHMS.register("qsgd")
@@ -78,7 +63,7 @@ class QSGD(Algorithm):
         self.generator = rank_generator(self.ctx.seed, self.comm.rank, QSGD_STREAM)
 
     def after_backward(self, info: StepInfo) -> None:
-        flat = _flat_grads(self.params)
+        flat = flat_grads(self.params)
         n = flat.numel()
         with self.comm.reduction():
             packed, norms = self.quantizer.encode(flat, self.generator)
@@ -88,7 +73,7 @@ class QSGD(Algorithm):
         for r in range(self.comm.size):  # rank order: every replica sums identically
             mean += self.quantizer.decode(all_packed[r], all_norms[r], n)
         mean /= self.comm.size
-        _write_grads(self.params, mean.to(flat.dtype))
+        write_grads(self.params, mean.to(flat.dtype))
 
     def metrics(self) -> dict[str, float]:
         return {"message_bytes": float(self.quantizer.message_bytes(self.numel))}
@@ -123,7 +108,7 @@ class FP16(Algorithm):
     def after_backward(self, info: StepInfo) -> None:
         with self.comm.reduction():
             for bucket in self.buckets:
-                flat = _flat_grads(bucket)
+                flat = flat_grads(bucket)
                 wire = to_fp16(flat / self.comm.size)
                 self.comm.all_reduce(wire, op="sum")
-                _write_grads(bucket, from_fp16(wire, flat.dtype))
+                write_grads(bucket, from_fp16(wire, flat.dtype))

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.tensors import flat_grads, write_grads
 from commlab.compress.base import k_for_density
 from commlab.compress.residual import ResidualMemory
 from commlab.core.communicator import Communicator
@@ -59,22 +60,6 @@ class SparseUpdate:
     indices: torch.Tensor | None  # int64 positions of the update; None: dense update in `values`
     values: torch.Tensor  # averaged values at `indices` (or the dense averaged tensor)
     applied: torch.Tensor | None  # positions of acc that were applied (None: all of acc)
-
-
-def flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
-    """All gradients as one flat tensor (zeros for parameters without a gradient)."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
-
-
-def write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
-    """Copy a flat tensor back into the parameters' gradients."""
-    offset = 0
-    for p in params:
-        n = p.numel()
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        p.grad.copy_(flat[offset:offset + n].view_as(p))
-        offset += n
 
 
 class SparseAlgorithm(Algorithm):

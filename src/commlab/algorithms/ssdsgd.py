@@ -54,7 +54,7 @@ import torch
 
 from commlab.algorithms.base import Algorithm, StepInfo
 from commlab.algorithms.local_compensation import LOCAL_RULES, LocalSGD
-from commlab.algorithms.ssgd import grad_buckets
+from commlab.algorithms.tensors import flatten, grad_buckets, unflatten_into
 from commlab.core.communicator import Pending
 from commlab.optim import build_optimizer, set_lr
 from commlab.registry import ALGORITHMS
@@ -171,7 +171,7 @@ class DelayedGlobalSGD(Algorithm):
             staleness = 0
         else:
             self._launch(grads, t, info.lr)
-            own = _flat(grads)
+            own = flatten(grads)
             shift = None
             if (t - self.options.warmup_steps + 1) % self.period == 0:
                 shift = self._refresh(t)
@@ -179,7 +179,7 @@ class DelayedGlobalSGD(Algorithm):
             for p in self.params:
                 if p.grad is None:  # a parameter unused in this forward still gets its direction
                     p.grad = torch.zeros_like(p)
-            _unflatten(direction, [p.grad for p in self.params])
+            unflatten_into(direction, [p.grad for p in self.params])
         self.counters["steps"] += 1
         self.counters["staleness_sum"] += staleness
         self.last["staleness"] = float(staleness)
@@ -211,7 +211,7 @@ class DelayedGlobalSGD(Algorithm):
             for bucket in self.buckets:
                 flat = torch.cat([grads[i].reshape(-1) for i in bucket])
                 self.comm.all_reduce(flat, op="avg")
-                _unflatten(flat, [self.global_params[i].grad for i in bucket])
+                unflatten_into(flat, [self.global_params[i].grad for i in bucket])
         self._global_step(lr)
         if self.rule.needs_global_grad:
             self.global_grad = self._global_signal()
@@ -230,10 +230,10 @@ class DelayedGlobalSGD(Algorithm):
     def _refresh(self, t: int) -> torch.Tensor:
         """Overwrite the local replica by the global one holding updates 0..t-1; return the
         shift ``w_now - w_grad`` of the local weights (for delay compensation)."""
-        before = _flat([p.detach() for p in self.params])
+        before = flatten([p.detach() for p in self.params])
         self._complete(before=t)
         self._copy_global_to_local()
-        after = _flat([p.detach() for p in self.params])
+        after = flatten([p.detach() for p in self.params])
         shift = after - before
         distance = float(shift.norm())
         self.counters["refreshes"] += 1
@@ -252,7 +252,7 @@ class DelayedGlobalSGD(Algorithm):
             self.counters["overlapped_seconds"] += time.perf_counter() - job.launched
             for bucket, op in zip(self.buckets, job.ops, strict=True):
                 flat = op.wait()  # blocked time goes to comm.stats
-                _unflatten(flat, [self.global_params[i].grad for i in bucket])
+                unflatten_into(flat, [self.global_params[i].grad for i in bucket])
             self._global_step(job.lr)
 
     def _global_step(self, lr: float) -> None:
@@ -262,17 +262,17 @@ class DelayedGlobalSGD(Algorithm):
         if clip:
             torch.nn.utils.clip_grad_norm_(self.global_params, clip)
         track = self.rule.needs_global_grad and self.options.glu_source == "update" and lr > 0
-        before = _flat([gp.detach() for gp in self.global_params]) if track else None
+        before = flatten([gp.detach() for gp in self.global_params]) if track else None
         self.global_opt.step()
         self.version += 1
         if track:
-            self.last_update = (before - _flat([gp.detach() for gp in self.global_params])) / lr
+            self.last_update = (before - flatten([gp.detach() for gp in self.global_params])) / lr
 
     def _global_signal(self) -> torch.Tensor | None:
         """GLU's latest global gradient: the last global step over its lr, or the last average."""
         if self.options.glu_source == "update":
             return self.last_update
-        return _flat([gp.grad for gp in self.global_params])
+        return flatten([gp.grad for gp in self.global_params])
 
     def _copy_global_to_local(self) -> None:
         with torch.no_grad():
@@ -331,16 +331,3 @@ class SeveralStepsDelaySGD(DelayedGlobalSGD):
     @property
     def period(self) -> int:
         return self.options.k
-
-
-def _flat(tensors: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors])
-
-
-def _unflatten(flat: torch.Tensor, targets: list[torch.Tensor]) -> None:
-    offset = 0
-    with torch.no_grad():
-        for t in targets:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n

@@ -12,36 +12,15 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.tensors import flat_grads, grad_buckets, write_grads
 from commlab.registry import ALGORITHMS
-
-
-def grad_buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
-    """Group parameters, in reverse order (the order backward produces them), into buckets."""
-    buckets, current, size = [], [], 0
-    for p in reversed(params):
-        current.append(p)
-        size += p.numel() * p.element_size()
-        if size >= bucket_bytes:
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
 
 
 def allreduce_gradients(buckets: list[list[torch.nn.Parameter]], comm) -> None:
     """Average every parameter's gradient over the communicator, one allreduce per bucket."""
     for bucket in buckets:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        comm.all_reduce(flat, op="avg")
-        offset = 0
-        for p in bucket:
-            n = p.numel()
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            p.grad.copy_(flat[offset:offset + n].view_as(p))
-            offset += n
+        flat = comm.all_reduce(flat_grads(bucket), op="avg")
+        write_grads(bucket, flat)
 
 
 @ALGORITHMS.register("ssgd")
