@@ -116,18 +116,29 @@ def paired(a: str, b: str, metric: str) -> tuple[pd.Series, pd.Series]:
     return va.loc[common], vb.loc[common]
 
 
-def speed_and_accuracy(fast: str, base: str = "ssgd") -> tuple[str, float | None, float | None]:
-    """Text, smallest per-seed speed-up (wall of base / wall of fast) and mean accuracy difference."""
+def speed_and_accuracy(fast: str, base: str = "ssgd") -> tuple[str, str, float | None, float | None]:
+    """Speed text, accuracy text, smallest per-seed speed-up (wall of base / wall of fast) and
+    mean accuracy difference; ("no runs", "no runs", None, None) without paired runs."""
     wall_f, wall_b = paired(fast, base, "wall_seconds")
     acc_f, acc_b = paired(fast, base, "test_accuracy")
     if wall_f.empty or acc_f.empty:
-        return "no runs", None, None
+        return "no runs", "no runs", None, None
     speedup = wall_b / wall_f
     diff = acc_f - acc_b
-    text = (f"{fast} vs {base}: speed-up {mean_sd(speedup)} (wall {wall_b.mean():.1f} s -> "
-            f"{wall_f.mean():.1f} s); accuracy {acc_f.mean():.2f}% vs {acc_b.mean():.2f}%, "
-            f"difference {mean_sd(diff)} points")
-    return text, float(speedup.min()), float(diff.mean())
+    speed = (f"{fast} vs {base}: speed-up {mean_sd(speedup)} (wall {wall_b.mean():.1f} s -> "
+             f"{wall_f.mean():.1f} s)")
+    accuracy = (f"{fast} vs {base}: accuracy {acc_f.mean():.2f}% vs {acc_b.mean():.2f}%, "
+                f"difference {mean_sd(diff)} points")
+    return speed, accuracy, float(speedup.min()), float(diff.mean())
+
+
+def speed_verdict(net_verdict: str | None, speedup: float | None) -> str:
+    """Emulated links decide when measured; else the loopback runs (at least 1.05x on every seed)."""
+    if net_verdict is not None:
+        return net_verdict
+    if speedup is None:
+        return "not measured"
+    return "reproduced" if speedup >= 1.05 else "not reproduced"
 
 
 LOOPBACK = ("Measured on loopback (4 processes on 2 CPU cores), where communication is a small part "
@@ -150,58 +161,40 @@ def emulated_speed(method: str) -> tuple[str, str | None]:
     return f"throughput {method} / ssgd by link: {ours}", verdict
 
 
-ours, speedup, diff = speed_and_accuracy("ssd_k5_glu")
-ours_k2, _, _ = speed_and_accuracy("ssd_k2_glu")
+speed, accuracy, speedup, diff = speed_and_accuracy("ssd_k5_glu")
+speed_k2, accuracy_k2, _, _ = speed_and_accuracy("ssd_k2_glu")
 net_text, net_verdict = emulated_speed("ssdsgd")
 # Two claims, judged apart: speed (emulated links when measured, else loopback) and accuracy.
-if net_verdict is not None:
-    verdict = net_verdict
-elif speedup is None:
-    verdict = "not measured"
-else:
-    verdict = "reproduced" if speedup >= 1.05 else "not reproduced"
 claims.append(Claim(
     "SSD-SGD trains faster than SSGD (up to 110%, i.e. 2.1x)",
     "SSD-SGD abstract and evaluation: CIFAR-10 ResNet-20, ImageNet ResNet-50, k = 5, GLU",
-    "; ".join(t for t in (net_text, "loopback runs " + ours.split("; accuracy")[0]
-                          if ours != "no runs" else ours) if t)
-    + (f". With k = 2: {ours_k2.split('; accuracy')[0]}" if ours_k2 != "no runs" else ""), verdict,
+    "; ".join(t for t in (net_text, "loopback runs " + speed if speedup is not None else speed) if t)
+    + (f". With k = 2: {speed_k2}" if speedup is not None and speed_k2 != "no runs" else ""),
+    speed_verdict(net_verdict, speedup),
     (EMULATED + " Faster = a higher throughput on every emulated link, most on the slowest."
      if net_verdict else LOOPBACK + " Faster = at least 1.05x on every seed.")
     + " The verdict uses k = 5, the papers' setting."))
-if diff is None:
-    verdict = "not measured"
-else:
-    verdict = "reproduced" if abs(diff) <= 1.0 else "partly reproduced" if abs(diff) <= 2.0 else "not reproduced"
 claims.append(Claim(
     "SSD-SGD's test accuracy is within about a point of SSGD's",
     "SSD-SGD abstract and evaluation: CIFAR-10 ResNet-20, ImageNet ResNet-50, k = 5, GLU",
-    ("loopback runs " + ours[ours.index("accuracy"):] if diff is not None else ours)
-    + (f". With k = 2: {ours_k2[ours_k2.index('accuracy'):]}" if ours_k2 != "no runs" else ""), verdict,
+    accuracy + (f". With k = 2: {accuracy_k2}" if diff is not None and accuracy_k2 != "no runs" else ""),
+    "not measured" if diff is None else "reproduced" if abs(diff) <= 1.0
+    else "partly reproduced" if abs(diff) <= 2.0 else "not reproduced",
     "Within a point = |mean difference over seeds| <= 1 point (partly: <= 2). The verdict uses k = 5."))
 
-ours, speedup, diff = speed_and_accuracy("odsgd_glu")
-if diff is None:
-    verdict = "not measured"
-else:
-    verdict = "reproduced" if diff >= -1.0 else "partly reproduced" if diff >= -2.0 else "not reproduced"
+speed, accuracy, speedup, diff = speed_and_accuracy("odsgd_glu")
 claims.append(Claim(
     "OD-SGD reaches accuracy similar to or slightly better than SSGD",
-    "OD-SGD abstract and evaluation: MNIST, CIFAR-10, ImageNet",
-    ours, verdict, "Similar = no more than one point below SSGD (mean over seeds)."))
+    "OD-SGD abstract and evaluation: MNIST, CIFAR-10, ImageNet", accuracy,
+    "not measured" if diff is None else "reproduced" if diff >= -1.0
+    else "partly reproduced" if diff >= -2.0 else "not reproduced",
+    "Similar = no more than one point below SSGD (mean over seeds)."))
 
 net_text, net_verdict = emulated_speed("odsgd")
-if net_verdict is not None:
-    verdict = net_verdict
-elif speedup is None:
-    verdict = "not measured"
-else:
-    verdict = "reproduced" if speedup >= 1.05 else "not reproduced"
-loop_text = ours.split("; accuracy")[0] if speedup is not None else ours
 claims.append(Claim(
     "OD-SGD trains faster than SSGD (and than ASGD)",
     "OD-SGD abstract; throughput figures on GPU clusters",
-    f"{net_text}; loopback runs {loop_text}" if net_text else loop_text, verdict,
+    f"{net_text}; loopback runs {speed}" if net_text else speed, speed_verdict(net_verdict, speedup),
     (EMULATED + " Faster = a higher throughput on every emulated link, most on the slowest."
      if net_verdict else LOOPBACK + " Faster = at least 1.05x on every seed.")
     + " No ASGD baseline here: the training loop "
