@@ -14,10 +14,10 @@ from commlab.algorithms.adpsgd import (
     ADPSGD,
     CPSGD,
     AdaptiveSchedule,
-    average_and_probe,
     cpsgd_syncs,
     next_period,
 )
+from commlab.algorithms.averaging import average_and_probe
 from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
 from commlab.core import Communicator
 from commlab.core.communicator import ring_allreduce_cost

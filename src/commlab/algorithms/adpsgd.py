@@ -5,9 +5,9 @@ Implements PAPERS.md section 2 (Jiang & Agrawal, "Adaptive Periodic Averaging", 
 principle: the inter-node variance of the parameters governs convergence, so under a fixed
 communication budget one synchronises often early (large variance) and rarely later.
 
-Both methods take local optimizer steps and, at a synchronisation, average all parameters and
-floating buffers (and, optionally, the momentum buffers) with one allreduce
-(:func:`~commlab.algorithms.base.average_tensors`), then measure the parameter variance::
+Both are members of the periodic-averaging family (:mod:`commlab.algorithms.periodic`): local
+optimizer steps and, at a synchronisation, one allreduce of all parameters and floating buffers
+(and, optionally, the optimizer's momentum), then the parameter variance::
 
     V = mean_i || x_i - x_bar ||^2      (sum over all parameters, mean over the P ranks)
 
@@ -16,7 +16,8 @@ with one extra scalar allreduce: after the model allreduce gives ``x_bar``, each
 scalar allreduce are one global reduction. Both methods log ``period`` and ``variance`` (the
 last synchronisation's), ``syncs`` and, for ADPSGD, ``target`` through :meth:`metrics`.
 
-``cpsgd``: averages after every ``period``-th step (steps p-1, 2p-1, ...; torch's
+``cpsgd``: the family's fixed schedule (the same as ``kstep``'s, under CPSGD's option names):
+averages after every ``period``-th step (steps p-1, 2p-1, ...; torch's
 PeriodicModelAverager(period=p, warmup_steps=p-1) does the same arithmetic; with
 ``sync_at_first_step`` after steps 0, p, 2p, ... like warmup_steps=0). With ``final_average``
 the last step also averages, so the evaluated model is the average.
@@ -67,30 +68,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
-
-from commlab.algorithms.base import Algorithm, StepInfo, average_tensors
-from commlab.algorithms.tensors import flatten
-from commlab.core.communicator import Communicator
+from commlab.algorithms.periodic import AveragingPolicy, FixedSchedule, PeriodicAveraging, Schedule
 from commlab.registry import ALGORITHMS
 
 TARGETS = ("calibrate", "lr2")
-
-
-def average_and_probe(tensors: list[torch.Tensor], comm: Communicator, probe_numel: int) -> float | None:
-    """Average ``tensors`` over the ranks (one allreduce); if ``probe_numel`` > 0 return the
-    variance V = mean_i ||x_i - x_bar||^2 of their first ``probe_numel`` elements (one scalar
-    allreduce). Call inside ``comm.reduction()``."""
-    before = None
-    if probe_numel:
-        before = flatten(tensors)[:probe_numel]
-    average_tensors(tensors, comm)
-    if before is None:
-        return None
-    after = flatten(tensors)[:probe_numel]
-    local = (before.double() - after.double()).pow(2).sum().reshape(1)
-    comm.all_reduce(local, op="avg")
-    return float(local.item())
 
 
 def next_period(period: int, variance: float, target: float, o) -> int:
@@ -106,53 +87,22 @@ def next_period(period: int, variance: float, target: float, o) -> int:
 def cpsgd_syncs(period: int, total_steps: int, final_average: bool = True,
                 sync_at_first_step: bool = False) -> int:
     """How many synchronisations CPSGD at ``period`` makes in ``total_steps`` steps."""
-    steps = [s for s in range(total_steps) if _constant_due(s, period, total_steps, final_average,
-                                                          sync_at_first_step)]
-    return len(steps)
+    schedule = constant_schedule(period, total_steps, final_average, sync_at_first_step)
+    return sum(schedule.due(s) == "global" for s in range(total_steps))
 
 
-def _constant_due(step: int, period: int, total_steps: int, final_average: bool,
-                  sync_at_first_step: bool) -> bool:
-    phase = step if sync_at_first_step else step + 1
-    return phase % period == 0 or (final_average and step == total_steps - 1)
+def constant_schedule(period: int, total_steps: int, final_average: bool = True,
+                      sync_at_first_step: bool = False) -> FixedSchedule:
+    """CPSGD's schedule: a global reduction after steps p-1, 2p-1, ... (or 0, p, 2p, ... with
+    ``sync_at_first_step``), and after the last step with ``final_average``."""
+    return FixedSchedule(period, period, total_steps, 0, "first" if sync_at_first_step else "last", final_average)
 
 
-class ConstantSchedule:
-    """CPSGD's schedule: a fixed period."""
-
-    def __init__(self, o, total_steps: int):
-        self.o, self.total_steps = o, total_steps
-        self.period = o.period
-        self.syncs, self.variance = 0, math.nan
-        self.history: list[tuple[int, int, float]] = []  # (step, period, variance) per sync
-
-    def observe_lr(self, step: int, lr: float) -> None:
-        pass
-
-    def due(self, step: int) -> bool:
-        return _constant_due(step, self.period, self.total_steps, self.o.final_average,
-                             self.o.sync_at_first_step)
-
-    def after_sync(self, step: int, variance: float | None, lr: float) -> None:
-        self.syncs += 1
-        self.variance = math.nan if variance is None else variance
-        self.history.append((step, self.period, self.variance))
-
-    def metrics(self) -> dict[str, float]:
-        return {"period": float(self.period), "variance": self.variance, "syncs": float(self.syncs)}
-
-    def state_dict(self) -> dict:
-        return {"syncs": self.syncs, "variance": self.variance, "history": list(self.history)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.syncs, self.variance = state["syncs"], state["variance"]
-        self.history = [tuple(h) for h in state["history"]]
-
-
-class AdaptiveSchedule:
+class AdaptiveSchedule(Schedule):
     """ADPSGD's period controller (steps 1-5 of the module docstring), free of processes."""
 
     def __init__(self, o, total_steps: int):
+        super().__init__(o.initial_period)
         self.o, self.total_steps = o, total_steps
         self.budget = o.budget_syncs
         if o.budget_period is not None:
@@ -213,8 +163,8 @@ class AdaptiveSchedule:
         nxt = self._schedule_from(self.last_sync)
         self.next_sync = None if nxt is None else max(step, nxt)
 
-    def due(self, step: int) -> bool:
-        return self.next_sync is not None and step == self.next_sync
+    def due(self, step: int) -> str | None:
+        return "global" if self.next_sync is not None and step == self.next_sync else None
 
     def after_sync(self, step: int, variance: float, lr: float) -> None:
         self.syncs += 1
@@ -239,67 +189,23 @@ class AdaptiveSchedule:
     _STATE = ("rule_period", "period", "syncs", "last_sync", "retightens", "variance", "prev_lr",
               "target_value", "calibration", "calibrate_from", "next_sync", "history")
 
-    def state_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self._STATE}
-
-    def load_state_dict(self, state: dict) -> None:
-        for k in self._STATE:
-            setattr(self, k, state[k])
-        self.history = [tuple(h) for h in self.history]
 
 
 # ---- the methods --------------------------------------------------------------------------------
-class _PeriodicAveraging(Algorithm):
-    """Local steps; at the schedule's synchronisations average the model and probe V."""
+class _VarianceAveraging(PeriodicAveraging):
+    """CPSGD and ADPSGD: average parameters, floating buffers and (optionally) the momentum, and
+    probe V at every synchronisation."""
 
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
-
-    schedule_cls: type = ConstantSchedule
-
-    def setup(self) -> None:
-        super().setup()
-        self.params = list(self.model.parameters())
-        self.probe_numel = sum(p.numel() for p in self.params) if self._probe() else 0
-        self.schedule = self.schedule_cls(self.options, self.ctx.total_steps)
-
-    def _probe(self) -> bool:
-        return True
-
-    def _tensors(self) -> list[torch.Tensor]:
-        """Parameters first (the probe reads their prefix), then buffers and momentum."""
-        out = [p.data for p in self.params]
-        if self.options.average_buffers:
-            out += [b for b in self.model.buffers() if b.dtype.is_floating_point]
-        if self.options.average_momentum and self.optimizer is not None:
-            for p in self.params:
-                buf = self.optimizer.state.get(p, {}).get("momentum_buffer")
-                if buf is not None:
-                    out.append(buf)
-        return out
-
-    def after_step(self, info: StepInfo) -> None:
-        self.schedule.observe_lr(info.step, info.lr)
-        if self.schedule.due(info.step):
-            with self.comm.reduction():
-                variance = average_and_probe(self._tensors(), self.comm, self.probe_numel)
-            self.schedule.after_sync(info.step, variance, info.lr)
-
-    def metrics(self) -> dict[str, float]:
-        return self.schedule.metrics()
-
-    def state_dict(self) -> dict:
-        return {"schedule": self.schedule.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "schedule" in state:
-            self.schedule.load_state_dict(state["schedule"])
+    def policy(self) -> AveragingPolicy:
+        o = self.options
+        return AveragingPolicy(buffers="average" if o.average_buffers else "keep_local",
+                               optimizer_state="average" if o.average_momentum else "keep_local",
+                               probe_variance=getattr(o, "probe_variance", True))
 
 
 @ALGORITHMS.register("cpsgd")
-class CPSGD(_PeriodicAveraging):
+class CPSGD(_VarianceAveraging):
     """Constant-period parameter averaging (plain K-step model averaging)."""
-
-    schedule_cls = ConstantSchedule
 
     @dataclass
     class Options:
@@ -308,21 +214,20 @@ class CPSGD(_PeriodicAveraging):
         final_average: bool = True  # the last step also averages (the evaluated model is the mean)
         probe_variance: bool = True  # measure V at each average (one extra scalar allreduce)
         average_buffers: bool = True  # average floating buffers (BatchNorm statistics) too
-        average_momentum: bool = False  # average the optimizer's momentum buffers too
+        average_momentum: bool = False  # average the optimizer's per-parameter state (momentum) too
 
         def validate(self) -> None:
             if self.period < 1:
                 raise ValueError(f"period must be at least 1, got {self.period}")
 
-    def _probe(self) -> bool:
-        return self.options.probe_variance
+    def make_schedule(self) -> FixedSchedule:
+        o = self.options
+        return constant_schedule(o.period, self.ctx.total_steps, o.final_average, o.sync_at_first_step)
 
 
 @ALGORITHMS.register("adpsgd")
-class ADPSGD(_PeriodicAveraging):
+class ADPSGD(_VarianceAveraging):
     """Adaptive-period parameter averaging driven by the measured parameter variance."""
-
-    schedule_cls = AdaptiveSchedule
 
     @dataclass
     class Options:
@@ -346,7 +251,7 @@ class ADPSGD(_PeriodicAveraging):
         budget_borrow: float = 0.25  # budget fraction that may be spent ahead of the uniform pace
         final_average: bool = True  # the last step always averages
         average_buffers: bool = True  # average floating buffers (BatchNorm statistics) too
-        average_momentum: bool = False  # average the optimizer's momentum buffers too
+        average_momentum: bool = False  # average the optimizer's per-parameter state (momentum) too
 
         def validate(self) -> None:
             for name in ("initial_period", "min_period", "max_period", "calibration_syncs"):
@@ -384,3 +289,6 @@ class ADPSGD(_PeriodicAveraging):
                 value = getattr(self, name)
                 if value is not None and value < 1:
                     raise ValueError(f"{name} must be at least 1, got {value}")
+
+    def make_schedule(self) -> AdaptiveSchedule:
+        return AdaptiveSchedule(self.options, self.ctx.total_steps)

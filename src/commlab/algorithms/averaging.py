@@ -80,6 +80,21 @@ def average_replicas(tensors: list[torch.Tensor], comm: Communicator) -> None:
         average_tensors(group, comm)
 
 
+def average_and_probe(tensors: list[torch.Tensor], comm: Communicator, probe_numel: int) -> float | None:
+    """Average ``tensors`` over the ranks (:func:`average_replicas`); if ``probe_numel`` > 0 return
+    the variance V = mean_i ||x_i - x_bar||^2 of their first ``probe_numel`` elements (one scalar
+    allreduce: each rank's squared distance to the average, averaged). Call inside
+    ``comm.reduction()``."""
+    before = flatten(tensors)[:probe_numel] if probe_numel else None
+    average_replicas(tensors, comm)
+    if before is None:
+        return None
+    after = flatten(tensors)[:probe_numel]
+    local = (before.double() - after.double()).pow(2).sum().reshape(1)
+    comm.all_reduce(local, op="avg")
+    return float(local.item())
+
+
 class ReductionMomentum:
     """Block momentum applied to the global update (see the module docstring for the formulas).
 

@@ -14,7 +14,8 @@ Two methods:
   every ``k_global = H * k_local`` steps over the world (a global reduction, which replaces the
   local one due at the same step, as torch's HierarchicalModelAverager does).
 
-Both take optional **reduction momentum** (block momentum ``momentum`` = mu on the global update,
+Both are members of the periodic-averaging family (:mod:`commlab.algorithms.periodic`) with a
+fixed schedule. Both take optional **reduction momentum** (block momentum ``momentum`` = mu on the global update,
 plain or Nesterov; formulas in :mod:`commlab.algorithms.averaging`), ``warmup_steps`` synchronous
 steps first (gradients allreduced every step, one global reduction each, as post-local SGD does),
 and explicit policies for what else a reduction averages: the optimizer state
@@ -50,20 +51,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from commlab.algorithms.averaging import (
-    PHASES,
-    POLICIES,
-    ReductionMomentum,
-    average_replicas,
-    averaged_copy,
-    is_due,
-    sync_tensors,
-)
-from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.algorithms.ssgd import allreduce_gradients
-from commlab.algorithms.tensors import grad_buckets
+from commlab.algorithms.averaging import PHASES, POLICIES, ReductionMomentum
+from commlab.algorithms.periodic import AveragingPolicy, FixedSchedule, PeriodicAveraging
 from commlab.core.communicator import Communicator
 from commlab.core.runtime import node_groups
 from commlab.registry import ALGORITHMS
@@ -105,90 +94,31 @@ class AveragingOptions:
             raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
 
 
-class PeriodicAveraging(Algorithm):
-    """Local steps, then local and global model reductions on a schedule (see module docstring).
-
-    Subclasses define :meth:`periods` and may build a local communicator in :meth:`local_comm`."""
-
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+class _KStepFamily(PeriodicAveraging):
+    """What ``kstep`` and ``kstep_hier`` share: their policy, warm-up and block momentum options."""
 
     def periods(self) -> tuple[int, int]:
         """(k_local, k_global) in optimizer steps."""
         raise NotImplementedError
 
-    def local_comm(self) -> Communicator | None:
-        """The group communicator for local reductions (None: there are none)."""
-        return None
-
-    # ---- construction -----------------------------------------------------------------------
-    def setup(self) -> None:
-        super().setup()  # every replica starts from rank 0's parameters and buffers
+    def make_schedule(self) -> FixedSchedule:
         o = self.options
-        self.k_local, self.k_global = self.periods()
-        self.group_comm = self.local_comm()
-        self._steps = 0
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self._buckets = grad_buckets(params, 25 * 2**20) if o.warmup_steps else []
-        self.block = None
-        if o.momentum > 0 or o.block_lr != 1.0:
-            self.block = ReductionMomentum([p.data for p in self.model.parameters()], o.momentum,
-                                           o.block_lr, o.nesterov)
+        k_local, k_global = self.periods()
+        return FixedSchedule(k_local, k_global, self.ctx.total_steps, o.warmup_steps, o.phase, o.final_reduction)
 
-    # ---- the hooks ----------------------------------------------------------------------------
-    def after_backward(self, info: StepInfo) -> None:
-        if info.step < self.options.warmup_steps:
-            with self.comm.reduction():  # a synchronous step is one global reduction
-                allreduce_gradients(self._buckets, self.comm)
-
-    def after_step(self, info: StepInfo) -> None:
-        o, s = self.options, info.step
-        self._steps = s + 1
-        if s < o.warmup_steps:
-            if o.buffers == "average":
-                # Part of this step's reduction (replicas' BN statistics would drift apart).
-                average_replicas([b for b in self.model.buffers() if b.dtype.is_floating_point], self.comm)
-            if s == o.warmup_steps - 1 and self.block is not None:
-                self.block.reset_anchor()  # local steps start from here
-            return
-        last = o.final_reduction and s == self.ctx.total_steps - 1
-        if last or is_due(s, self.k_global, o.warmup_steps, o.phase):
-            self._reduce(self.comm, is_global=True)
-        elif self.group_comm is not None and is_due(s, self.k_local, o.warmup_steps, o.phase):
-            self._reduce(self.group_comm, is_global=False)
-
-    def _reduce(self, comm: Communicator, is_global: bool) -> None:
+    def policy(self) -> AveragingPolicy:
         o = self.options
-        with comm.reduction():
-            average_replicas(sync_tensors(self.model, self.optimizer, o.buffers, o.average_optimizer_state),
-                             comm)
-        if is_global and self.block is not None:
-            self.block.apply()
+        return AveragingPolicy(buffers=o.buffers, optimizer_state=o.average_optimizer_state, evaluate=o.evaluate)
 
-    # ---- evaluation, metrics, checkpoints -----------------------------------------------------
-    @property
-    def eval_model(self) -> torch.nn.Module:
-        if self.options.evaluate == "average":
-            return averaged_copy(self.model)
-        return self.model
-
-    def metrics(self) -> dict[str, float]:
-        reductions = self.comm.stats.counters["reductions_global"]
-        if not reductions:
-            return {}
-        samples = self._steps * self.comm.size * int(self.ctx.train["batch_size"])
-        return {"samples_per_global_reduction": samples / reductions}
-
-    def state_dict(self) -> dict:
-        return {"steps": self._steps, "block": self.block.state_dict() if self.block else None}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._steps = state.get("steps", 0)
-        if self.block is not None and state.get("block"):
-            self.block.load_state_dict(state["block"])
+    def block_momentum(self) -> ReductionMomentum | None:
+        o = self.options
+        if o.momentum == 0 and o.block_lr == 1.0:
+            return None
+        return ReductionMomentum([p.data for p in self.model.parameters()], o.momentum, o.block_lr, o.nesterov)
 
 
 @ALGORITHMS.register("kstep")
-class KStep(PeriodicAveraging):
+class KStep(_KStepFamily):
     """K-step averaging: a global model average every ``k`` local steps."""
 
     @dataclass
@@ -205,7 +135,7 @@ class KStep(PeriodicAveraging):
 
 
 @ALGORITHMS.register("kstep_hier")
-class KStepHier(PeriodicAveraging):
+class KStepHier(_KStepFamily):
     """Local reductions inside groups every ``k_local`` steps, global ones every ``k_global``."""
 
     @dataclass

@@ -1,0 +1,208 @@
+"""One family for the methods that average models on a schedule (PAPERS.md sections 1 and 2):
+K-step averaging and its hierarchical form (``kstep``, ``kstep_hier``), constant-period averaging
+(``cpsgd``) and adaptive periodic averaging (``adpsgd``).
+
+They share everything but the schedule. Each worker takes local optimizer steps; after a step the
+method's :class:`Schedule` says whether a reduction is due and over which scope (``"global"``:
+the world; ``"local"``: the worker's group); a reduction then averages, in one allreduce per
+dtype, the parameters and, by the method's :class:`AveragingPolicy`, the floating buffers (BN
+statistics) and the optimizer's per-parameter state, optionally probing the parameter variance
+V = mean_i ||x_i - x_bar||^2 (one scalar allreduce, part of the same reduction) that ADPSGD's rule
+reads. Options that only K-step averaging has (block momentum on the global update, synchronous
+warm-up steps, evaluating the world average) are hooks here that the other methods leave off.
+
+A new schedule is one :class:`Schedule` subclass (``due``; ``after_sync`` if it learns from the
+variance), and a new method of the family one subclass of :class:`PeriodicAveraging` naming its
+schedule and policy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from commlab.algorithms.averaging import (
+    ReductionMomentum,
+    average_and_probe,
+    average_replicas,
+    averaged_copy,
+    is_due,
+    sync_tensors,
+)
+from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.ssgd import allreduce_gradients
+from commlab.algorithms.tensors import grad_buckets
+from commlab.core.communicator import Communicator
+
+
+@dataclass
+class AveragingPolicy:
+    """What a reduction averages and how the method is evaluated (each method maps its options here)."""
+
+    buffers: str = "average"  # average | keep_local: floating buffers (BN running statistics)
+    optimizer_state: str = "keep_local"  # average | keep_local: momentum buffers, Adam moments
+    probe_variance: bool = False  # measure V at every global reduction (one scalar allreduce)
+    evaluate: str = "rank0"  # rank0: rank 0's replica; average: the world average (uncounted)
+
+
+class Schedule:
+    """When reductions happen. :meth:`due` is asked after every optimizer step past the warm-up;
+    :meth:`after_sync` hears of every global reduction with the variance it measured (NaN when not
+    probed); :meth:`observe_lr` sees every step's learning rate first."""
+
+    _STATE = ("syncs", "variance", "history")
+
+    def __init__(self, period: int):
+        self.period = period  # the global period in force (metrics, history)
+        self.syncs, self.variance = 0, math.nan
+        self.history: list[tuple[int, int, float]] = []  # (step, period in force, variance) per global sync
+
+    def observe_lr(self, step: int, lr: float) -> None:
+        pass
+
+    def due(self, step: int) -> str | None:
+        """``"global"``, ``"local"`` or None after optimizer step ``step``."""
+        raise NotImplementedError
+
+    def after_sync(self, step: int, variance: float | None, lr: float) -> None:
+        self.syncs += 1
+        self.variance = math.nan if variance is None else variance
+        self.history.append((step, self.period, self.variance))
+
+    def metrics(self) -> dict[str, float]:
+        out = {"period": float(self.period), "syncs": float(self.syncs)}
+        if not math.isnan(self.variance):
+            out["variance"] = self.variance
+        return out
+
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self._STATE}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in self._STATE:
+            if k in state:
+                setattr(self, k, state[k])
+        self.history = [tuple(h) for h in self.history]
+
+
+class FixedSchedule(Schedule):
+    """Global reductions every ``k_global`` steps, local ones every ``k_local`` in between (a local
+    reduction due with a global one is replaced by it), counted from ``start`` (the end of a
+    warm-up); ``phase`` as :func:`~commlab.algorithms.averaging.is_due`; with ``final`` the last step
+    of the run is a global reduction too."""
+
+    def __init__(self, k_local: int, k_global: int, total_steps: int, start: int = 0, phase: str = "last",
+                 final: bool = True):
+        super().__init__(k_global)
+        self.k_local, self.k_global, self.total_steps = k_local, k_global, total_steps
+        self.start, self.phase, self.final = start, phase, final
+
+    def due(self, step: int) -> str | None:
+        if step < self.start:
+            return None
+        if (self.final and step == self.total_steps - 1) or is_due(step, self.k_global, self.start, self.phase):
+            return "global"
+        if self.k_local < self.k_global and is_due(step, self.k_local, self.start, self.phase):
+            return "local"
+        return None
+
+
+class PeriodicAveraging(Algorithm):
+    """Local steps, then model reductions when the schedule says (see the module docstring).
+
+    Subclasses define :meth:`make_schedule` and :meth:`policy`; hierarchical methods also
+    :meth:`local_comm`, and methods with block momentum :meth:`block_momentum`. A method whose
+    options have ``warmup_steps`` runs that many synchronous steps first (gradients allreduced,
+    one global reduction each)."""
+
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+
+    def make_schedule(self) -> Schedule:
+        raise NotImplementedError
+
+    def policy(self) -> AveragingPolicy:
+        raise NotImplementedError
+
+    def local_comm(self) -> Communicator | None:
+        """The group communicator for local reductions (None: there are none)."""
+        return None
+
+    def block_momentum(self) -> ReductionMomentum | None:
+        """Momentum on the global update (None: plain averaging)."""
+        return None
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(getattr(self.options, "warmup_steps", 0))
+
+    # ---- construction -----------------------------------------------------------------------
+    def setup(self) -> None:
+        super().setup()  # every replica starts from rank 0's parameters and buffers
+        self.schedule = self.make_schedule()
+        self.group_comm = self.local_comm()
+        self.block = self.block_momentum()
+        self._steps = 0
+        params = list(self.model.parameters())
+        self.probe_numel = sum(p.numel() for p in params) if self.policy().probe_variance else 0
+        trainable = [p for p in params if p.requires_grad]
+        self._buckets = grad_buckets(trainable, 25 * 2**20) if self.warmup_steps else []
+
+    # ---- the hooks ----------------------------------------------------------------------------
+    def after_backward(self, info: StepInfo) -> None:
+        if info.step < self.warmup_steps:
+            with self.comm.reduction():  # a synchronous step is one global reduction
+                allreduce_gradients(self._buckets, self.comm)
+
+    def after_step(self, info: StepInfo) -> None:
+        s = info.step
+        self._steps = s + 1
+        self.schedule.observe_lr(s, info.lr)
+        if s < self.warmup_steps:
+            if self.policy().buffers == "average":
+                # Part of this step's reduction (replicas' BN statistics would drift apart).
+                average_replicas([b for b in self.model.buffers() if b.dtype.is_floating_point], self.comm)
+            if s == self.warmup_steps - 1 and self.block is not None:
+                self.block.reset_anchor()  # local steps start from here
+            return
+        scope = self.schedule.due(s)
+        if scope == "global":
+            self._reduce(self.comm, self.probe_numel)
+            if self.block is not None:
+                self.block.apply()
+            self.schedule.after_sync(s, self._variance, info.lr)
+        elif scope == "local" and self.group_comm is not None:
+            self._reduce(self.group_comm, 0)
+
+    def _reduce(self, comm: Communicator, probe_numel: int) -> None:
+        policy = self.policy()
+        tensors = sync_tensors(self.model, self.optimizer, policy.buffers, policy.optimizer_state)
+        with comm.reduction():
+            self._variance = average_and_probe(tensors, comm, probe_numel)
+
+    # ---- evaluation, metrics, checkpoints -----------------------------------------------------
+    @property
+    def eval_model(self) -> torch.nn.Module:
+        if self.policy().evaluate == "average":
+            return averaged_copy(self.model)
+        return self.model
+
+    def metrics(self) -> dict[str, float]:
+        out = self.schedule.metrics()
+        reductions = self.comm.stats.counters["reductions_global"]
+        batch = self.ctx.train.get("batch_size")
+        if reductions and batch:
+            out["samples_per_global_reduction"] = self._steps * self.comm.size * int(batch) / reductions
+        return out
+
+    def state_dict(self) -> dict:
+        return {"steps": self._steps, "block": self.block.state_dict() if self.block else None,
+                "schedule": self.schedule.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._steps = state.get("steps", 0)
+        if self.block is not None and state.get("block"):
+            self.block.load_state_dict(state["block"])
+        if "schedule" in state:
+            self.schedule.load_state_dict(state["schedule"])
