@@ -22,7 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.algorithms.tensors import flat_grads, grad_buckets, write_grads
+from commlab.algorithms.ssgd import SynchronousSGD
+from commlab.algorithms.tensors import flat_grads, write_grads
 from commlab.compress.quantize import NORMS, QSGDQuantizer, default_levels, from_fp16, to_fp16
 from commlab.core.runtime import rank_generator
 from commlab.registry import ALGORITHMS
@@ -87,23 +88,9 @@ class QSGD(Algorithm):
 
 
 @ALGORITHMS.register("fp16")
-class FP16(Algorithm):
-    """Dense bucketed allreduce of the gradient pre-divided by P and cast to float16."""
-
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
-
-    @dataclass
-    class Options:
-        bucket_mb: float = 25.0  # bucket size in MB of float32 gradient, as ssgd
-
-        def validate(self) -> None:
-            if self.bucket_mb <= 0:
-                raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb}")
-
-    def setup(self) -> None:
-        super().setup()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.buckets = grad_buckets(params, int(self.options.bucket_mb * 2**20))
+class FP16(SynchronousSGD):
+    """SSGD's bucketed allreduce (same buckets and options) of the gradient pre-divided by P and
+    cast to float16."""
 
     def after_backward(self, info: StepInfo) -> None:
         with self.comm.reduction():
