@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "name": None,
     "method": "ssgd",
     "method_params": {},
+    "plugins": [],
     "seed": 0,
     "workers": 1,
     "nodes": 1,
@@ -120,6 +121,7 @@ def validate_config(config: dict) -> None:
         err = errors[0]
         where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
         raise ConfigError(f"config key {where}: {err.message}")
+    import_plugins(config.get("plugins") or [])
     for key, registry in (("method", ALGORITHMS), ("model", MODELS), ("dataset", DATASETS)):
         if config[key] not in registry:
             raise ConfigError(f"config key {key}: unknown {registry.kind} {config[key]!r}; "
@@ -138,6 +140,38 @@ def validate_config(config: dict) -> None:
             f"config key train.train_subset: {subset} samples cannot fill one step of "
             f"{config['workers']} workers x batch {config['train']['batch_size']}"
         )
+
+
+def import_plugins(plugins: list[str]) -> None:
+    """Import the config's ``plugins`` (each a module name, or a path to a ``.py`` file), so that
+    the methods, models and datasets they register are known: a method outside the package is
+    then one file and one ``plugins`` entry. Every process that loads the config imports them."""
+    import importlib
+    import importlib.util
+    import sys
+
+    for i, plugin in enumerate(plugins):
+        where = f"config key plugins.{i}"
+        if plugin.endswith(".py"):
+            path = Path(plugin).resolve()
+            name = f"commlab_plugin_{path.stem}"
+            if name in sys.modules:
+                continue
+            if not path.is_file():
+                raise ConfigError(f"{where}: no file {plugin!r}")
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as err:
+                del sys.modules[name]
+                raise ConfigError(f"{where}: importing {plugin!r} failed: {type(err).__name__}: {err}") from err
+        else:
+            try:
+                importlib.import_module(plugin)
+            except ImportError as err:
+                raise ConfigError(f"{where}: cannot import {plugin!r} ({err})") from err
 
 
 def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
