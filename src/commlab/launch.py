@@ -67,7 +67,26 @@ def torchrun_args(config: dict, config_path: str, sentinel: str | None) -> list[
         return ["--standalone", f"--nproc-per-node={config['workers']}", *restarts, *train]
     job = os.environ.get("SLURM_JOB_ID", "commlab")
     return [f"--nnodes={config['nodes']}", f"--nproc-per-node={config['workers']}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={slurm_first_host()}:29500", f"--rdzv-id={job}", *restarts, *train]
+            f"--rdzv-endpoint={slurm_first_host()}:{rendezvous_port(job)}", f"--rdzv-id={job}", *restarts, *train]
+
+
+def rendezvous_port(job_id: str) -> int:
+    """The c10d store's port on the allocation's first node: one per job (29500-30499), so that
+    multi-node jobs sharing a first node do not collide."""
+    return 29500 + int(job_id) % 1000 if job_id.isdigit() else 29500
+
+
+def srun_command(nodes: int) -> list[str]:
+    """``srun`` that starts one task (a torchrun agent) on each of the allocation's ``nodes``.
+
+    ``commlab launch`` itself runs inside a job step (the SLURM executor's ``srun -n1``), which
+    holds CPUs of the allocation: since Slurm 20.11 a second step waits for them forever
+    ("Requested nodes are busy") unless it may share them, hence ``--overlap``. ``--ntasks`` is
+    explicit because the enclosing step's SLURM_NTASKS=1 would otherwise squeeze the step onto
+    one node. When one agent fails or its node dies, ``--kill-on-bad-exit`` ends the others
+    at once rather than leaving them to time out in the rendezvous."""
+    return ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1"]
 
 
 # ---------------------------------------------------------------------- worker supervision
@@ -239,7 +258,7 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
         if shutil.which("srun") is None:
             print("commlab launch: nodes > 1 needs srun (run inside a SLURM allocation)", file=sys.stderr)
             return 2
-        cmd = ["srun", f"--nodes={config['nodes']}", "--ntasks-per-node=1", *TORCHRUN, *args]
+        cmd = srun_command(config["nodes"]) + TORCHRUN + args
         print("[commlab launch] " + " ".join(cmd), flush=True)
         return subprocess.call(cmd)
     print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
