@@ -60,14 +60,17 @@ elif tool in ("sacct", "squeue"):
 elif tool == "srun":
     cmd = command(argv)
     if "torch.distributed.run" in cmd:  # the workers: record, write the sentinel instead of training
+        assert "SLURM_NNODES" not in os.environ, "the step's variables reached srun"
         sentinel = cmd[cmd.index("--sentinel") + 1]
         Path(sentinel).write_text(json.dumps({{"run_id": None, "fake": True}}))
         sys.exit(0)
-    # slurmstepd gives every task the allocation's variables again
-    env = {{**os.environ, "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_NNODES": "2"}}
+    # slurmstepd gives the task the variables of its step (one node)
+    env = {{**os.environ, "SLURM_JOB_NODELIST": "node001", "SLURM_NNODES": "1", "SLURM_NTASKS": "1"}}
     sys.exit(subprocess.call(cmd, env=env))
+elif tool == "scontrol" and argv[:2] == ["show", "job"]:
+    print(f"JobId={{argv[-1]}} JobName=x NodeList=node[001-002] NumNodes=2")
 elif tool == "scontrol" and argv[:2] == ["show", "hostnames"]:
-    print("node001\nnode002")
+    print("\n".join(["node001", "node002"] if argv[2] == "node[001-002]" else [argv[2]]))
 elif tool == "scontrol" and argv[:2] == ["show", "config"]:
     print("MinJobAge               = 300 sec")
 elif tool == "sinfo":

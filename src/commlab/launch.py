@@ -41,13 +41,28 @@ MASTER_PORT = 29500  # each emulated run has private namespaces: a fixed port ca
 
 
 def slurm_first_host() -> str:
-    """The first host name of the SLURM allocation (the rendezvous host)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if not nodelist:
-        raise RuntimeError("nodes > 1 needs a SLURM allocation (SLURM_JOB_NODELIST is not set)")
+    """The first host name of the SLURM allocation (the rendezvous host), asked of slurmctld: in
+    the SLURM executor's job step, SLURM_JOB_NODELIST names only that step's one node."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        raise RuntimeError("nodes > 1 needs a SLURM allocation (SLURM_JOB_ID is not set)")
+    info = subprocess.run(["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    nodelist = next((f[len("NodeList="):] for f in info.split() if f.startswith("NodeList=")), "")
+    if not nodelist or nodelist == "(null)":
+        raise RuntimeError(f"SLURM job {job} has no nodes (scontrol show job: {info.strip()[:200]})")
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                         check=True).stdout.split()
+                         check=True, timeout=60).stdout.split()
     return out[0]
+
+
+def srun_env() -> dict[str, str]:
+    """This process's environment without the enclosing job step's SLURM_* variables (but the job id
+    and the config path), so that ``srun`` takes the geometry of the whole allocation from
+    slurmctld: inside the step they describe one task on one node ("Only allocated 1 nodes")."""
+    keep = {"SLURM_JOB_ID", "SLURM_CONF"}
+    return {k: v for k, v in os.environ.items()
+            if k in keep or not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))}
 
 
 def train_argv(config_path: str, sentinel: str | None) -> list[str]:
@@ -82,9 +97,9 @@ def srun_command(nodes: int) -> list[str]:
     ``commlab launch`` itself runs inside a job step (the SLURM executor's ``srun -n1``), which
     holds CPUs of the allocation: since Slurm 20.11 a second step waits for them forever
     ("Requested nodes are busy") unless it may share them, hence ``--overlap``. ``--ntasks`` is
-    explicit because the enclosing step's SLURM_NTASKS=1 would otherwise squeeze the step onto
-    one node. When one agent fails or its node dies, ``--kill-on-bad-exit`` ends the others
-    at once rather than leaving them to time out in the rendezvous."""
+    explicit and the step's own variables are dropped (:func:`srun_env`). When one agent fails
+    or its node dies, ``--kill-on-bad-exit`` ends the others at once rather than leaving them to
+    time out in the rendezvous."""
     return ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1"]
 
@@ -260,7 +275,7 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
             return 2
         cmd = srun_command(config["nodes"]) + TORCHRUN + args
         print("[commlab launch] " + " ".join(cmd), flush=True)
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=srun_env())
     print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
     return run_torchrun(args)
 

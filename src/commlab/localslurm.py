@@ -130,7 +130,10 @@ TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost={CTL_ADDR}
+# for slurmdbd, "Pass" names munge's socket
 AccountingStoragePass={r}/munge/munge.socket
+# sacct shows the comment Snakemake's plugin gives every job (rule and wildcards)
+AccountingStoreFlags=job_comment
 MinJobAge=300
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
