@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from commlab.jobtools import is_timing, run_history, wait_for
+from commlab.jobtools import checkpoint_step, is_timing, run_history, wait_for
 from slurm_cluster import MlflowServer, finish, mlflow_runs, project_copy, snakemake, start_cluster
 
 pytestmark = pytest.mark.slow
@@ -60,6 +60,15 @@ def _jobs(cluster, name: str | None = None) -> list[dict]:
     keys = ["id", "name", "state", "nodes", "exit", "comment"]
     rows = [dict(zip(keys, line.split("|"), strict=False)) for line in (out or "").splitlines()]
     return [r for r in rows if name is None or name in r["comment"]]
+
+
+def _running(cluster, name: str) -> dict:
+    """The running job of one Snakemake job (squeue: sacct stores the comment at the end)."""
+    out = cluster.slurm("squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%N") or ""
+    rows = [dict(zip(["id", "comment", "nodes"], line.split("|"), strict=False)) for line in out.splitlines()]
+    match = [r for r in rows if name in r["comment"]]
+    assert len(match) == 1, out
+    return match[0]
 
 
 def _steps_unique(uri: str, run_id: str) -> dict[str, list]:
@@ -110,11 +119,19 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
     smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck", env=DELAY)
     wait_for(lambda: any(p.exists() for p in proj.glob("results/**/checkpoints/latest.json")), timeout=300,
              job=smk, poll=0.5)  # mid-run: after the first epoch
-    job = next(j for j in _jobs(cluster, "requeued") if j["state"] == "RUNNING")
+    job = _running(cluster, "requeued")
     cluster.slurm("scontrol", "requeue", job["id"])
-    log = finish(smk, proj)
-    assert "exit code 143" in "\n".join(p.read_text() for p in (proj / ".snakemake").rglob("slurm_logs/**/*.log")) \
-        or "143" in log
+    # SIGTERM to every process of the job: the workers checkpoint and the launch exits 143, the
+    # MLflow run is KILLED; SLURM queues the job again (same id), eligible two minutes later
+    wait_for(lambda: "PENDING" in (cluster.slurm("squeue", "-h", "-j", job["id"], "-o", "%T") or ""),
+             timeout=120, job=smk, poll=0.5)
+    train_log = "\n".join(p.read_text() for p in (proj / "logs" / "train").rglob("*.log"))
+    assert "SIGTERM: the workers were stopped; exit 143" in train_log, train_log[-3000:]
+    steps = [checkpoint_step(p.parents[1]) for p in proj.glob("results/**/checkpoints/latest.json")]
+    assert steps[0] % 16 != 0, steps  # written on SIGTERM, mid-epoch (16 steps per epoch)
+    assert mlflow_runs(mlflow_uri)["requeued-seed0"].info.status == "KILLED"
+    cluster.slurm("scontrol", "update", f"JobId={job['id']}", "StartTime=now")  # skip the two minutes
+    finish(smk, proj)
     attempts = [j for j in _jobs(cluster, "requeued")]
     assert [j["state"] for j in attempts] == ["REQUEUED", "COMPLETED"] and len({j["id"] for j in attempts}) == 1
     runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "requeued-seed0"]
@@ -130,7 +147,7 @@ def test_killed_node_fails_the_job_and_the_retry_finishes(cluster, mlflow_uri, t
     try:
         wait_for(lambda: any(p.exists() for p in proj.glob("results/**/checkpoints/latest.json")), timeout=300,
                  job=smk, poll=0.5)
-        job = next(j for j in _jobs(cluster, "node_killed") if j["state"] == "RUNNING")
+        job = _running(cluster, "node_killed")
         t0 = time.monotonic()
         assert cluster.kill_node(job["nodes"])
         log = finish(smk, proj, timeout=400)

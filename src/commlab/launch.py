@@ -349,8 +349,9 @@ def run_torchrun(args: list[str]) -> int:
         print(err, file=sys.stderr, flush=True)
         return 1
     except SignalException as err:
-        print(f"[commlab launch] {signal.Signals(err.sigval).name}: the workers were stopped", file=sys.stderr,
-              flush=True)
+        # the code is said here too: under SLURM's job step the executor reports any failure as 1
+        print(f"[commlab launch] {signal.Signals(err.sigval).name}: the workers were stopped; exit "
+              f"{128 + int(err.sigval)}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
     return 0
 
