@@ -141,26 +141,35 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
     assert "resuming from the checkpoint" in "\n".join(p.read_text() for p in (proj / "logs").rglob("*.log"))
 
 
-def test_killed_node_fails_the_job_and_the_retry_finishes(cluster, mlflow_uri, tmp_path):
+def test_killed_node_fails_the_job_and_the_requeued_job_finishes(cluster, mlflow_uri, tmp_path):
     proj = project_copy(tmp_path / "proj", slow_grid("node_killed"), papers=["slurmcheck"], defaults=SYNTHETIC)
-    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck", retries=1, env=DELAY)
+    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck", env=DELAY)
     try:
         wait_for(lambda: any(p.exists() for p in proj.glob("results/**/checkpoints/latest.json")), timeout=300,
-                 job=smk, poll=0.5)
+                 job=smk, poll=0.5)  # after the first epoch's checkpoint
         job = _running(cluster, "node_killed")
         t0 = time.monotonic()
-        assert cluster.kill_node(job["nodes"])
+        assert cluster.kill_node(job["nodes"])  # slurmd, the job step, torchrun and its workers: SIGKILL
+        # slurmctld declares the node DOWN after SlurmdTimeout, fails the job (NODE_FAIL) and
+        # queues it again (--requeue); skip the two minutes a requeued job waits
+        wait_for(lambda: "PENDING" in (cluster.slurm("squeue", "-h", "-j", job["id"], "-o", "%T") or ""),
+                 timeout=120, job=smk, poll=0.5)
+        print(f"node {job['nodes']} killed: job {job['id']} requeued {time.monotonic() - t0:.0f} s later")
+        cluster.slurm("scontrol", "update", f"JobId={job['id']}", "StartTime=now")
         log = finish(smk, proj, timeout=400)
-        print(f"node {job['nodes']} killed: the run finished {time.monotonic() - t0:.0f} s later")
+        print(f"requeued job finished {time.monotonic() - t0:.0f} s after the node was killed")
     finally:
         for node in cluster.node_names:
             if cluster.node_states().get(node) not in ("idle", "mix", "alloc"):
                 cluster.start_node(node)
         cluster.wait_idle(120)
-    states = [j["state"] for j in _jobs(cluster, "node_killed")]
-    assert states[0] == "NODE_FAIL" and states[-1] == "COMPLETED", states
-    assert "NODE_FAIL" in log
+    attempts = _jobs(cluster, "node_killed")
+    # what `sacct -D` tells: the attempt on the killed node failed with NODE_FAIL
+    assert [(j["state"], j["nodes"]) for j in attempts][0] == ("NODE_FAIL", job["nodes"]), attempts
+    assert attempts[-1]["state"] == "COMPLETED" and attempts[-1]["nodes"] != job["nodes"], attempts
+    assert "NODE_FAIL" not in log or "Leaving it to SLURM to requeue the job" in log  # no second submission
     runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "node_killed-seed0"]
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     history = _steps_unique(mlflow_uri, runs[0].info.run_id)
     assert [s for s, _ in history["train_loss"]][-1] == 64
+    assert "resuming from the checkpoint at step 16" in "\n".join(p.read_text() for p in (proj / "logs").rglob("*.log"))
