@@ -98,8 +98,20 @@ def project_copy(dest: Path, grid: dict | None = None, **config) -> Path:
     return dest
 
 
+STARTED: list[subprocess.Popen] = []  # Snakemake processes, killed by stop_started() after a failed test
+
+
+def stop_started() -> None:
+    """SIGKILL every Snakemake still running (on SIGTERM it waits for scancel of its jobs)."""
+    for proc in STARTED:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    STARTED.clear()
+
+
 def snakemake(proj: Path, cluster: LocalCluster, uri: str, *targets: str, retries: int = 0,
-              env: dict | None = None, timeout: float = 600) -> subprocess.Popen:
+              env: dict | None = None) -> subprocess.Popen:
     """Start Snakemake with the SLURM profile in ``proj`` (output in proj/snakemake.log)."""
     env = {**os.environ, **cluster.env, "MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true",
            "DO_NOT_TRACK": "true", "PATH": os.pathsep.join([str(VENV_BIN), os.environ["PATH"]]), **(env or {})}
@@ -107,7 +119,8 @@ def snakemake(proj: Path, cluster: LocalCluster, uri: str, *targets: str, retrie
            "cluster.yaml", "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks",
            "2", "--latency-wait", "5", "--retries", str(retries), *targets]
     with open(proj / "snakemake.log", "wb") as out:
-        return subprocess.Popen(cmd, cwd=proj, env=env, stdout=out, stderr=subprocess.STDOUT)
+        STARTED.append(subprocess.Popen(cmd, cwd=proj, env=env, stdout=out, stderr=subprocess.STDOUT))
+    return STARTED[-1]
 
 
 def finish(proc: subprocess.Popen, proj: Path, timeout: float = 600) -> str:

@@ -16,24 +16,24 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 
 from commlab.jobtools import checkpoint_step, is_timing, run_history, wait_for
-from slurm_cluster import MlflowServer, finish, mlflow_runs, project_copy, snakemake, start_cluster
+from slurm_cluster import MlflowServer, finish, mlflow_runs, project_copy, snakemake, start_cluster, stop_started
 
 pytestmark = pytest.mark.slow
 
 SYNTHETIC = {"dataset": "synthetic", "model": "mlp"}
 # Two runs of one seed and world size 2: two workers on one node, one worker on each of two nodes.
-GRID = {"seeds": [0], "scales": {"smoke": {"seeds": [0]}}, "base": {"workers": 2, "train": {"epochs": 1, "train_subset": 1024, "test_subset": 500}},
+SMOKE = {"seeds": [0], "scales": {"smoke": {"seeds": [0]}}}
+GRID = {**SMOKE, "base": {"workers": 2, "train": {"epochs": 1, "train_subset": 1024, "test_subset": 500}},
         "runs": {"one_node": {"method": "ssgd"}, "two_nodes": {"method": "ssgd", "nodes": 2, "workers": 1}}}
-# A run long enough to be interrupted: 4 x 16 steps, 0.3 s after each step, a checkpoint per epoch.
+
 def slow_grid(name: str) -> dict:
-    return {"seeds": [0], "scales": {"smoke": {"seeds": [0]}}, "base": {"workers": 2, "train": {"epochs": 4, "train_subset": 1024, "test_subset": 500,
-                                                           "log_every": 4}},
-            "runs": {name: {"method": "ssgd"}}}
+    """A run long enough to be interrupted: 4 x 16 steps, 0.3 s after each (DELAY), a checkpoint per epoch."""
+    train = {"epochs": 4, "train_subset": 1024, "test_subset": 500, "log_every": 4}
+    return {**SMOKE, "base": {"workers": 2, "train": train}, "runs": {name: {"method": "ssgd"}}}
 
 
 
@@ -44,7 +44,14 @@ DELAY = {"COMMLAB_STEP_DELAY_S": "0.3"}
 def cluster(tmp_path_factory):
     c = start_cluster(tmp_path_factory.mktemp("slurm"))
     yield c
+    stop_started()
     c.down()
+
+
+@pytest.fixture(autouse=True)
+def _no_snakemake_left():
+    yield
+    stop_started()  # a failed test leaves none behind
 
 
 @pytest.fixture(scope="module")

@@ -311,12 +311,16 @@ LogFile={r}/log/slurmdbd.log
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m commlab.localslurm", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--dir", default=DEFAULT_DIR, help="state directory (config, spools, logs)")
     parser.add_argument("--nodes", type=int, default=2, help="compute nodes")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     cluster = LocalCluster(Path(args.dir), args.nodes)
     try:
         if args.action == "up":
