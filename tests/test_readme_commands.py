@@ -65,6 +65,10 @@ def _parse_make(args: list[str]) -> None:
 def parse(command: str) -> None:
     """Parse ``command`` with its tool's parser; argparse's SystemExit becomes an assertion."""
     argv = shlex.split(command)
+    while argv and re.match(r"^[A-Z_]+=", argv[0]):  # VAR=value prefixes set the environment
+        argv = argv[1:]
+    if argv[-1] == "&":
+        argv = argv[:-1]
     tool = Path(argv[0]).name
     if argv[:3] == ["python", "-m", "commlab"]:
         tool, argv = "commlab", ["commlab", *argv[3:]]

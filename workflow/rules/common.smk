@@ -208,7 +208,8 @@ def train_threads(wildcards) -> int:
 
 def train_gres(wildcards) -> str:
     """GPUs of one run on each node (one per worker) when it runs on NCCL, else none: per-node
-    `--gres=gpu:<workers>`, as a job-wide `--gpus` may be split unevenly across nodes."""
+    `--gres=gpu:<workers>`, as a job-wide `--gpus` may be split unevenly across nodes.
+    """
     run = run_config(wildcards)
     return f"gpu:{run['workers']}" if run["backend"] == "nccl" else ""
 
