@@ -209,14 +209,16 @@ LogFile={r}/log/slurmdbd.log
 
     # ------------------------------------------------------------------ life cycle
     def up(self, timeout: float = 60) -> LocalCluster:
-        """Build the network, start munged, slurmctld and one slurmd per node; wait until every
-        node is idle. Anything of an earlier cluster under the same names is removed first."""
+        """Build the network, start MariaDB, slurmdbd, slurmctld and one slurmd per node; wait
+        until every node is idle. Refuses while another local cluster is up (names are fixed)."""
         if os.geteuid() != 0:
             raise ClusterError("the local SLURM cluster needs root (network and UTS namespaces)")
         if missing := missing_tools():
             raise ClusterError(f"the local SLURM cluster needs {', '.join(missing)}: run `make system-packages` "
                                "as root (Debian: slurmctld slurmd slurm-client munge iproute2 util-linux)")
-        self.down()
+        if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0 or list_namespaces(PREFIX + "-"):
+            raise ClusterError(f"a local SLURM cluster is already up (bridge {BRIDGE}, namespaces {PREFIX}-*): "
+                               "stop it first with `make slurm-down` (python -m commlab.localslurm down)")
         try:
             self._write_config()
             self._build_network()
@@ -245,8 +247,12 @@ LogFile={r}/log/slurmdbd.log
         self._start(ctl, CTL_NAME, ["mariadbd", "--no-defaults", f"--datadir={db}/data", f"--socket={db}/mysqld.sock",
                                     f"--port={DB_PORT}", "--bind-address=127.0.0.1", "--user=root",
                                     "--skip-grant-tables", f"--pid-file={db}/mysqld.pid"], "mariadb.out")
-        self._start(ctl, CTL_NAME, ["slurmdbd", "-D"], "slurmdbd.out")
         deadline = time.monotonic() + timeout
+        while not (db / "mysqld.sock").exists():  # else slurmdbd retries only every 5 s
+            if time.monotonic() > deadline:
+                self._fail(f"MariaDB did not start within {timeout:.0f} s")
+            time.sleep(0.2)
+        self._start(ctl, CTL_NAME, ["slurmdbd", "-D"], "slurmdbd.out")
         while self.slurm("sacctmgr", "-n", "list", "cluster", check=False, timeout=10) is None:
             if time.monotonic() > deadline:
                 self._fail(f"slurmdbd did not answer within {timeout:.0f} s")
@@ -297,8 +303,8 @@ LogFile={r}/log/slurmdbd.log
 
     def down(self) -> None:
         """Stop every daemon and job of the cluster and remove its namespaces, bridge and files."""
-        names = [n for n in list_namespaces(PREFIX + "-")]
-        delete_namespaces(names, grace_s=5.0)  # slurmd, slurmctld and every job step inside them
+        # every daemon, job step and worker lives in one of the namespaces
+        delete_namespaces(list_namespaces(PREFIX + "-"), grace_s=5.0)
         pidfile = self.root / "munge" / "munged.pid"
         if pidfile.exists():
             try:
