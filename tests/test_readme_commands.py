@@ -107,3 +107,14 @@ def test_a_wrong_option_is_caught():
         parse("commlab launch --config run.yaml --network-gbit 1")
     with pytest.raises(AssertionError, match="does not parse"):
         parse("snakemake --workflow-profile workflow/profiles/slurm --no-such-option")
+
+
+def test_launch_network_options_reach_the_launcher(monkeypatch):
+    """`commlab launch --network-mbit/--latency-ms` (README, docs/network.md) are the launcher's own."""
+    import commlab.launch
+    from commlab.cli import main
+
+    calls = []
+    monkeypatch.setattr(commlab.launch, "launch", lambda *args: calls.append(args) or 0)
+    assert main(["launch", "--config", "run.yaml", "--network-mbit", "1000", "--latency-ms", "0.5"]) == 0
+    assert calls == [("run.yaml", None, 1000.0, 0.5)]
