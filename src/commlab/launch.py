@@ -268,14 +268,19 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
     section = network_section(config, network_mbit, latency_ms)
     if section:
         return launch_emulated(config, config_path, sentinel, section)
-    args = torchrun_args(config, config_path, sentinel)
     if config.get("nodes", 1) > 1:
         if shutil.which("srun") is None:
             print("commlab launch: nodes > 1 needs srun (run inside a SLURM allocation)", file=sys.stderr)
             return 2
+        try:
+            args = torchrun_args(config, config_path, sentinel)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as err:  # no allocation, scontrol failed
+            print(f"commlab launch: cannot find the allocation's first node: {err}", file=sys.stderr)
+            return 2
         cmd = srun_command(config["nodes"]) + TORCHRUN + args
         print("[commlab launch] " + " ".join(cmd), flush=True)
         return subprocess.call(cmd, env=srun_env())
+    args = torchrun_args(config, config_path, sentinel)
     print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
     return run_torchrun(args)
 
