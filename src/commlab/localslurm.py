@@ -8,20 +8,21 @@ namespace (the login node, where ``sbatch``, Snakemake and the MLflow server run
     ctl   : commlab-slurm-ctl  eth0 198.19.0.2  (slurmctld, host name commlab-ctl)
     c<i>  : commlab-slurm-c<i> eth0 198.19.0.<10+i> (slurmd -N c<i>, host name c<i>)
 
-Addresses come from 198.19.0.0/24, inside the RFC 2544 benchmarking range and apart from
-:mod:`commlab.netem`'s 198.18.0.0/24 (whose namespaces never touch the host's anyway). Every
-node's ``/etc/hosts`` is its namespace's ``/etc/netns/<ns>/hosts`` (bound over it in the daemon's mount namespace),
-so ``c1`` resolves on every node as it would through a cluster's DNS. One ``munged`` with a key
-of its own serves every daemon through a socket in the state directory; no system file outside
-``/etc/netns/commlab-slurm-*`` is written. Accounting is slurmctld's own (``accounting_storage/none``
-with ``MinJobAge`` an hour): ``sacct`` and ``squeue`` read finished jobs from slurmctld.
+Addresses come from 198.19.0.0/24, inside the RFC 2544 benchmarking range and apart from the
+198.18.0.x addresses :mod:`commlab.netem` gives its workers (in namespaces that never reach the
+host's). Every node's ``/etc/hosts`` is its namespace's ``/etc/netns/<ns>/hosts``, bound over it in
+the daemon's mount namespace, so ``c1`` resolves on every node as through a cluster's DNS; the
+config directory is bound over ``/etc/slurm`` the same way. One ``munged`` with a key of its own
+serves every daemon through a socket in the state directory; no system file outside
+``/etc/netns/commlab-slurm-*`` is written. Accounting is real: slurmdbd on a throwaway MariaDB on
+the controller, so ``sacct`` and ``sacctmgr`` answer as on a site (account ``commlab``, user root).
 
     python -m commlab.localslurm up   [--dir /tmp/commlab-slurm] [--nodes 2]
-    SLURM_CONF=/tmp/commlab-slurm/slurm.conf sinfo
+    SLURM_CONF=/tmp/commlab-slurm/etc/slurm.conf sinfo
     python -m commlab.localslurm down [--dir /tmp/commlab-slurm]
 
-Needs root, iproute2, util-linux (unshare) and Debian's slurmctld, slurmd, slurm-client and munge
-(``make system-packages``).
+Needs root, iproute2, util-linux (unshare, nsenter) and Debian's slurmctld, slurmd, slurm-client,
+slurmdbd, munge and mariadb-server (``make system-packages``).
 """
 
 from __future__ import annotations
