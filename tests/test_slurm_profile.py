@@ -60,14 +60,17 @@ elif tool in ("sacct", "squeue"):
 elif tool == "srun":
     cmd = command(argv)
     if "torch.distributed.run" in cmd:  # the workers: record, write the sentinel instead of training
+        assert "SLURM_NNODES" not in os.environ, "the step's variables reached srun"
         sentinel = cmd[cmd.index("--sentinel") + 1]
         Path(sentinel).write_text(json.dumps({{"run_id": None, "fake": True}}))
         sys.exit(0)
-    # slurmstepd gives every task the allocation's variables again
-    env = {{**os.environ, "SLURM_JOB_NODELIST": "node[001-002]", "SLURM_NNODES": "2"}}
+    # slurmstepd gives the task the variables of its step (one node)
+    env = {{**os.environ, "SLURM_JOB_NODELIST": "node001", "SLURM_NNODES": "1", "SLURM_NTASKS": "1"}}
     sys.exit(subprocess.call(cmd, env=env))
+elif tool == "scontrol" and argv[:2] == ["show", "job"]:
+    print(f"JobId={{argv[-1]}} JobName=x NodeList=node[001-002] NumNodes=2")
 elif tool == "scontrol" and argv[:2] == ["show", "hostnames"]:
-    print("node001\nnode002")
+    print("\n".join(["node001", "node002"] if argv[2] == "node[001-002]" else [argv[2]]))
 elif tool == "scontrol" and argv[:2] == ["show", "config"]:
     print("MinJobAge               = 300 sec")
 elif tool == "sinfo":
@@ -109,25 +112,26 @@ def test_profile_submits_gpu_jobs_that_launch_one_torchrun_per_node(tmp_path):
     env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
            "FAKE_SLURM_DIR": str(rec), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     sentinel = "results/baseline/ssgd/seed0/sentinel.json"
+    site = {"slurm_account": "abc123", "slurm_partition": "gpu"}
     out = subprocess.run(
         [sys.executable, "-m", "snakemake", "--workflow-profile", str(PROFILE), "--configfile", "cluster_test.yaml",
+         "--default-resources", *(f"{k}={v}" for k, v in site.items()),
          "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks", "1",
          "--latency-wait", "1", "--retries", "0", sentinel],
         cwd=proj, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-5000:]
     calls = [json.loads(line) for line in (rec / "calls.jsonl").read_text().splitlines()]
-    profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
-    site = profile["default-resources"]
 
-    # One sbatch per training run, with the profile's site settings and the run's resources:
-    # 2 nodes, one GPU per worker (smoke grid: 2 workers per node), cores, memory, time limit,
+    # One sbatch per training run, with the site settings and the run's resources: 2 nodes,
+    # one GPU per worker on each node (smoke grid: 2 workers per node), cores, memory, time limit,
     # and SIGTERM before the limit so that the run checkpoints.
     sbatch = [c["argv"] for c in calls if c["tool"] == "sbatch"]
     assert len(sbatch) == 1
     args = sbatch[0]
     assert args[args.index("-A") + 1] == site["slurm_account"]
     assert args[args.index("-p") + 1] == site["slurm_partition"]
-    assert "--nodes=2" in args and "--gpus=4" in args and "--cpus-per-task=2" in args
+    assert "--nodes=2" in args and "--gres=gpu:2" in args and "--cpus-per-task=2" in args
+    assert not any(a.startswith(("--gpus", "--ntasks")) for a in args)  # sbatch: one task per node
     assert args[args.index("--mem") + 1] == "4000" and args[args.index("-t") + 1] == "60"
     assert "--signal=TERM@300" in args
     wrap = next(a for a in args if a.startswith("--wrap="))
@@ -137,12 +141,12 @@ def test_profile_submits_gpu_jobs_that_launch_one_torchrun_per_node(tmp_path):
     # (srun --ntasks-per-node=1) meeting through c10d at the allocation's first node.
     srun = [c["argv"] for c in calls if c["tool"] == "srun"]
     assert len(srun) == 2
-    assert "--nodes=2" in srun[0] and "--gpus=4" in srun[0]
+    assert "--nodes=2" in srun[0] and not any(a.startswith("--gpus") for a in srun[0])
     workers = srun[1]
-    assert workers[:2] == ["--nodes=2", "--ntasks-per-node=1"]
+    assert workers[:5] == ["--overlap", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--kill-on-bad-exit=1"]
     assert "torch.distributed.run" in workers and "--nnodes=2" in workers
     assert "--nproc-per-node=2" in workers and "--rdzv-backend=c10d" in workers
-    assert "--rdzv-endpoint=node001:29500" in workers
+    assert "--rdzv-endpoint=node001:29501" in workers  # 29500 + job id 1001 % 1000
     assert " ".join(workers).endswith(f"-m commlab train --config results/baseline/ssgd/seed0/config.yaml "
                                       f"--sentinel {sentinel}")
     assert (proj / sentinel).exists() and (proj / "results/baseline/ssgd/seed0/.complete").exists()
@@ -153,11 +157,12 @@ def test_profile_submits_gpu_jobs_that_launch_one_torchrun_per_node(tmp_path):
 
 def test_profile_requires_a_tracking_server_and_keeps_site_settings(tmp_path):
     """Without MLFLOW_TRACKING_URI the profile stops before any job: jobs on other nodes must not
-    fall back to a SQLite file in the working directory. Account and partition appear in the
-    profile and in no rule."""
+    fall back to a SQLite file in the working directory. Account and partition appear in no rule
+    (site settings, per invocation or in the profile)."""
     profile = yaml.safe_load((PROFILE / "config.yaml").read_text())
     assert profile["executor"] == "slurm" and "MLFLOW_TRACKING_URI" in profile["envvars"]
-    assert {"slurm_account", "slurm_partition"} <= set(profile["default-resources"])
+    # no placeholder account: the plugin would reject it; unset, it takes the user's default
+    assert not {"slurm_account", "slurm_partition"} & set(profile["default-resources"])
     for rule_file in (ROOT / "workflow" / "rules").glob("*.smk"):
         text = rule_file.read_text()
         assert "slurm_account" not in text and "slurm_partition" not in text, rule_file

@@ -80,7 +80,7 @@ def _cmd_data(args) -> int:
 def _cmd_launch(args) -> int:
     from commlab.launch import launch
 
-    return launch(args.config, args.sentinel)
+    return launch(args.config, args.sentinel, args.network_mbit, args.latency_ms)
 
 
 def _cmd_bench(args) -> int:
@@ -152,6 +152,8 @@ def _cmd_grid(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from commlab.launch import add_arguments as launch_arguments  # one definition of the launch options
+
     parser = argparse.ArgumentParser(prog="commlab", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 1)[1] if "\n\n" in __doc__ else None)
@@ -172,8 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("launch", help="start one experiment's workers (torchrun; srun across nodes)",
                        description="Validate the run config, then start its workers: torchrun --standalone on "
                                    "one node, srun + torchrun with c10d rendezvous across SLURM nodes.")
-    p.add_argument("--config", required=True, help="run config YAML")
-    p.add_argument("--sentinel", help="run record JSON written by rank 0 at the end")
+    launch_arguments(p)
     p.set_defaults(func=_cmd_launch)
 
     p = sub.add_parser("data", help="prepare datasets", description="Prepare a dataset into <out>/<name>/.")

@@ -41,13 +41,28 @@ MASTER_PORT = 29500  # each emulated run has private namespaces: a fixed port ca
 
 
 def slurm_first_host() -> str:
-    """The first host name of the SLURM allocation (the rendezvous host)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if not nodelist:
-        raise RuntimeError("nodes > 1 needs a SLURM allocation (SLURM_JOB_NODELIST is not set)")
+    """The first host name of the SLURM allocation (the rendezvous host), asked of slurmctld: in
+    the SLURM executor's job step, SLURM_JOB_NODELIST names only that step's one node."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        raise RuntimeError("nodes > 1 needs a SLURM allocation (SLURM_JOB_ID is not set)")
+    info = subprocess.run(["scontrol", "show", "job", "--oneliner", job], capture_output=True, text=True,
+                          check=True, timeout=60).stdout
+    nodelist = next((f[len("NodeList="):] for f in info.split() if f.startswith("NodeList=")), "")
+    if not nodelist or nodelist == "(null)":
+        raise RuntimeError(f"SLURM job {job} has no nodes (scontrol show job: {info.strip()[:200]})")
     out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                         check=True).stdout.split()
+                         check=True, timeout=60).stdout.split()
     return out[0]
+
+
+def srun_env() -> dict[str, str]:
+    """This process's environment without the enclosing job step's SLURM_* variables (but the job id
+    and the config path), so that ``srun`` takes the geometry of the whole allocation from
+    slurmctld: inside the step they describe one task on one node ("Only allocated 1 nodes")."""
+    keep = {"SLURM_JOB_ID", "SLURM_CONF"}
+    return {k: v for k, v in os.environ.items()
+            if k in keep or not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))}
 
 
 def train_argv(config_path: str, sentinel: str | None) -> list[str]:
@@ -67,7 +82,26 @@ def torchrun_args(config: dict, config_path: str, sentinel: str | None) -> list[
         return ["--standalone", f"--nproc-per-node={config['workers']}", *restarts, *train]
     job = os.environ.get("SLURM_JOB_ID", "commlab")
     return [f"--nnodes={config['nodes']}", f"--nproc-per-node={config['workers']}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={slurm_first_host()}:29500", f"--rdzv-id={job}", *restarts, *train]
+            f"--rdzv-endpoint={slurm_first_host()}:{rendezvous_port(job)}", f"--rdzv-id={job}", *restarts, *train]
+
+
+def rendezvous_port(job_id: str) -> int:
+    """The c10d store's port on the allocation's first node: one per job (29500-30499), so that
+    multi-node jobs sharing a first node do not collide."""
+    return 29500 + int(job_id) % 1000 if job_id.isdigit() else 29500
+
+
+def srun_command(nodes: int) -> list[str]:
+    """``srun`` that starts one task (a torchrun agent) on each of the allocation's ``nodes``.
+
+    ``commlab launch`` itself runs inside a job step (the SLURM executor's ``srun -n1``), which
+    holds CPUs of the allocation: since Slurm 20.11 a second step waits for them forever
+    ("Requested nodes are busy") unless it may share them, hence ``--overlap``. ``--ntasks`` is
+    explicit and the step's own variables are dropped (:func:`srun_env`). When one agent fails
+    or its node dies, ``--kill-on-bad-exit`` ends the others at once rather than leaving them to
+    time out in the rendezvous."""
+    return ["srun", "--overlap", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1",
+            "--kill-on-bad-exit=1"]
 
 
 # ---------------------------------------------------------------------- worker supervision
@@ -234,14 +268,19 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
     section = network_section(config, network_mbit, latency_ms)
     if section:
         return launch_emulated(config, config_path, sentinel, section)
-    args = torchrun_args(config, config_path, sentinel)
     if config.get("nodes", 1) > 1:
         if shutil.which("srun") is None:
             print("commlab launch: nodes > 1 needs srun (run inside a SLURM allocation)", file=sys.stderr)
             return 2
-        cmd = ["srun", f"--nodes={config['nodes']}", "--ntasks-per-node=1", *TORCHRUN, *args]
+        try:
+            args = torchrun_args(config, config_path, sentinel)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as err:  # no allocation, scontrol failed
+            print(f"commlab launch: cannot find the allocation's first node: {err}", file=sys.stderr)
+            return 2
+        cmd = srun_command(config["nodes"]) + TORCHRUN + args
         print("[commlab launch] " + " ".join(cmd), flush=True)
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=srun_env())
+    args = torchrun_args(config, config_path, sentinel)
     print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
     return run_torchrun(args)
 
@@ -315,8 +354,9 @@ def run_torchrun(args: list[str]) -> int:
         print(err, file=sys.stderr, flush=True)
         return 1
     except SignalException as err:
-        print(f"[commlab launch] {signal.Signals(err.sigval).name}: the workers were stopped", file=sys.stderr,
-              flush=True)
+        # the code is said here too: under SLURM's job step the executor reports any failure as 1
+        print(f"[commlab launch] {signal.Signals(err.sigval).name}: the workers were stopped; exit "
+              f"{128 + int(err.sigval)}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
     return 0
 

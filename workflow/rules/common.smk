@@ -206,10 +206,20 @@ def train_threads(wildcards) -> int:
     return min(want, local_cores(default=want))
 
 
-def train_gpus(wildcards) -> int:
-    """GPUs of one run in all (one per worker on every node) when it runs on NCCL, else none."""
+def train_gres(wildcards) -> str:
+    """GPUs of one run on each node (one per worker) when it runs on NCCL, else none: per-node
+    `--gres=gpu:<workers>`, as a job-wide `--gpus` may be split unevenly across nodes.
+    """
     run = run_config(wildcards)
-    return run["workers"] * run.get("nodes", 1) if run["backend"] == "nccl" else 0
+    return f"gpu:{run['workers']}" if run["backend"] == "nccl" else ""
+
+
+def train_tasks(wildcards) -> int:
+    """SLURM tasks of a CPU run: one per node (`--ntasks=1` would shrink the allocation to one
+    node). GPU jobs get one task per node from sbatch itself (the plugin reads `tasks` as
+    `--ntasks-per-gpu` there), hence 0."""
+    run = run_config(wildcards)
+    return 0 if run["backend"] == "nccl" else run.get("nodes", 1)
 
 
 def train_cpus(wildcards) -> int:

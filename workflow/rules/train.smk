@@ -60,7 +60,8 @@ rule train:
     threads: train_threads
     resources:
         nodes=lambda wildcards: run_config(wildcards)["nodes"],
-        gpu=train_gpus,
+        gres=train_gres,
+        tasks=train_tasks,
         cpus_per_task=train_cpus,
         mem_mb=train_mem_mb,
         runtime=config["resources"]["runtime"],

@@ -1,0 +1,120 @@
+"""Every command the README shows parses: the lines of its ```bash blocks and the inline
+`commlab ... --option` commands of its prose. Nothing runs; each tool's own parser reads the arguments
+(commlab's argparse, torchrun's, Snakemake's, MLflow's click command, `make -n`), so an option
+or subcommand the README names and the code lacks fails here rather than in a reader's shell.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SHELL_ONLY = {"source", "export", "cd"}  # shell built-ins: nothing of the project's to parse
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of the README: bash block lines (comments dropped, continuations joined) and
+    inline code spans with options that start with `commlab ` or `python -m commlab`."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if line and not line.startswith("#"):
+                commands.append(line)
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    commands += [c for c in re.findall(r"`([^`\n]+)`", prose)
+                 if c.startswith(("commlab ", "python -m commlab")) and " -" in c]  # a command, not a name
+    return commands
+
+
+def _parse_commlab(args: list[str]) -> None:
+    from commlab.cli import build_parser
+
+    build_parser().parse_args(args)
+
+
+def _parse_torchrun(args: list[str]) -> None:
+    from torch.distributed.run import parse_args
+
+    parse_args(args)
+
+
+def _parse_snakemake(args: list[str]) -> None:
+    from snakemake.cli import get_argument_parser
+
+    get_argument_parser().parse_args(args)
+
+
+def _parse_mlflow(args: list[str]) -> None:
+    from mlflow.cli import cli
+
+    cli.make_context("mlflow", list(args), resilient_parsing=False)
+
+
+def _parse_make(args: list[str]) -> None:
+    out = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def parse(command: str) -> None:
+    """Parse ``command`` with its tool's parser; argparse's SystemExit becomes an assertion."""
+    argv = shlex.split(command)
+    while argv and re.match(r"^[A-Z_]+=", argv[0]):  # VAR=value prefixes set the environment
+        argv = argv[1:]
+    if argv[-1] == "&":
+        argv = argv[:-1]
+    tool = Path(argv[0]).name
+    if argv[:3] == ["python", "-m", "commlab"]:
+        tool, argv = "commlab", ["commlab", *argv[3:]]
+    elif argv[:3] == ["python", "-m", "commlab.localslurm"]:
+        tool, argv = "commlab.localslurm", argv[2:]
+    parsers = {"commlab": _parse_commlab, "torchrun": _parse_torchrun, "snakemake": _parse_snakemake,
+               "mlflow": _parse_mlflow, "make": _parse_make}
+    if tool in SHELL_ONLY:
+        return
+    if tool == "commlab.localslurm":
+        from commlab.localslurm import build_parser
+
+        return build_parser().parse_args(argv[1:]) and None
+    assert tool in parsers, f"README command with no parser in this test: {command!r} (add one)"
+    try:
+        parsers[tool](argv[1:])
+    except SystemExit as err:
+        raise AssertionError(f"README command does not parse: {command!r}") from err
+
+
+def test_readme_commands_are_found():
+    commands = readme_commands(README.read_text())
+    assert any(c.startswith("commlab launch --config run.yaml --network-mbit") for c in commands)
+    assert any(c.startswith("snakemake --workflow-profile workflow/profiles/slurm") for c in commands)
+    assert "make test" in commands
+
+
+@pytest.mark.parametrize("command", readme_commands(README.read_text()))
+def test_readme_command_parses(command, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    parse(command)
+
+
+def test_a_wrong_option_is_caught():
+    with pytest.raises(AssertionError, match="does not parse"):
+        parse("commlab launch --config run.yaml --network-gbit 1")
+    with pytest.raises(AssertionError, match="does not parse"):
+        parse("snakemake --workflow-profile workflow/profiles/slurm --no-such-option")
+
+
+def test_launch_network_options_reach_the_launcher(monkeypatch):
+    """`commlab launch --network-mbit/--latency-ms` (README, docs/network.md) are the launcher's own."""
+    import commlab.launch
+    from commlab.cli import main
+
+    calls = []
+    monkeypatch.setattr(commlab.launch, "launch", lambda *args: calls.append(args) or 0)
+    assert main(["launch", "--config", "run.yaml", "--network-mbit", "1000", "--latency-ms", "0.5"]) == 0
+    assert calls == [("run.yaml", None, 1000.0, 0.5)]
