@@ -132,11 +132,14 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
     # MLflow run is KILLED; SLURM queues the job again (same id), eligible two minutes later
     wait_for(lambda: "PENDING" in (cluster.slurm("squeue", "-h", "-j", job["id"], "-o", "%T") or ""),
              timeout=120, job=smk, poll=0.5)
+    # The job is PENDING as soon as slurmctld takes the requeue, while its processes may still be
+    # writing the stop checkpoint: rank 0 marks the run KILLED only after it.
+    wait_for(lambda: mlflow_runs(mlflow_uri)["requeued-seed0"].info.status == "KILLED", timeout=60, job=smk,
+             poll=0.5)
     train_log = "\n".join(p.read_text() for p in (proj / "logs" / "train").rglob("*.log"))
     assert "SIGTERM: the workers were stopped; exit 143" in train_log, train_log[-3000:]
     steps = [checkpoint_step(p.parents[1]) for p in proj.glob("results/**/checkpoints/latest.json")]
     assert steps[0] % 16 != 0, steps  # written on SIGTERM, mid-epoch (16 steps per epoch)
-    assert mlflow_runs(mlflow_uri)["requeued-seed0"].info.status == "KILLED"
     cluster.slurm("scontrol", "update", f"JobId={job['id']}", "StartTime=now")  # skip the two minutes
     finish(smk, proj)
     attempts = [j for j in _jobs(cluster, "requeued")]
