@@ -9,12 +9,15 @@ A grid file looks like::
     runs:                       # run name -> fragment merged over base
       ssgd: {method: ssgd}
       kstep_k16: {method: kstep, method_params: {k: 16}}
+      probe: {method: kstep, seeds: [0]}   # a run's own seeds replace the grid's
     scales:                     # optional, per scale (laptop is the file itself)
       smoke: {seeds: [0], base: {train: {train_subset: 2000}}, runs: [ssgd, kstep_k16]}
       paper: {base: {dataset: cifar10, model: resnet20}, runs: {...}}
 
 In a scale, ``base`` is merged over the paper's base, ``seeds`` replaces the seeds, and ``runs`` is
-either a list of names to keep or a mapping that replaces the runs. The resolved configs are
+either a list of names to keep or a mapping that replaces the runs. A run's own ``seeds`` replace
+the grid's for that run (e.g. one seed for a volume measurement that does not depend on it, beside
+three for accuracy). The resolved configs are
 validated here, so a bad key stops the whole workflow before any job starts.
 """
 
@@ -72,8 +75,10 @@ def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop"
             runs = chosen
     configs = {}
     for name, fragment in runs.items():
-        for seed in seeds:
-            config = deep_merge(base, fragment or {})
+        fragment = dict(fragment or {})
+        run_seeds = list(fragment.pop("seeds", seeds))
+        for seed in run_seeds:
+            config = deep_merge(base, fragment)
             config.update(paper=paper, name=name, seed=seed)
             config["tracking"] = {**config.get("tracking", {}), "experiment": paper}
             try:

@@ -113,14 +113,16 @@ def run_dir(paper: str, name: str, seed: int) -> str:
     return f"results/{paper}/{name}/seed{seed}"
 
 
-def paper_priority(wildcards) -> int:
+def priority_of(paper: str) -> int:
     """Papers train in the order the config lists them (the baseline first) and each report is
     built as soon as its paper's runs are done (priority above any training job), so reports
     appear one by one during a long run instead of all at its end."""
     papers = list(config["papers"])
-    return (
-        len(papers) - papers.index(wildcards.paper) if wildcards.paper in papers else 0
-    )
+    return len(papers) - papers.index(paper) if paper in papers else 0
+
+
+def paper_priority(wildcards) -> int:
+    return priority_of(wildcards.paper)
 
 
 def paper_sentinels(paper: str) -> list:
@@ -231,3 +233,52 @@ def train_cpus(wildcards) -> int:
 
 def train_mem_mb(wildcards) -> int:
     return run_config(wildcards)["workers"] * config["resources"]["mem_mb_per_worker"]
+
+
+# ---- the benchmarks behind the papers' speed claims (workflow/rules/bench.smk) ----
+# RedSync's claim that the gain grows with the communication-to-computation ratio: the throughput
+# benchmark once more per model, a compute-heavy and a communication-heavy one.
+BENCH_MODELS = ["resnet20", "wide_mlp"]
+# The benchmarks each paper's report reads for its speed claims (its notebook's load_bench calls).
+SPEED_BENCH = {
+    "adpsgd": ["throughput"],
+    "oktopk": ["throughput", "scaling", "selection"],
+    "redsync": ["selection"] + [f"throughput_{m}" for m in BENCH_MODELS],
+    "ssdsgd": ["throughput"],
+}
+
+
+def _measure_speed() -> bool:
+    """Whether this run measures the speed claims' benchmarks (config bench.speed_claims)."""
+    setting = config.get("bench", {}).get("speed_claims", "auto")
+    if setting is False or not any(p in SPEED_BENCH for p in config["papers"]):
+        return False
+    from commlab.bench.common import emulation_unavailable
+
+    reason = emulation_unavailable()
+    if reason and setting is True:
+        raise WorkflowError(
+            f"bench.speed_claims is true but emulated links are unavailable: {reason}"
+        )
+    if reason:
+        print(
+            f"note: speed claims not measured in this run ({reason})", file=sys.stderr
+        )
+    return reason is None
+
+
+MEASURE_SPEED = _measure_speed()
+
+
+def speed_bench(paper: str) -> list:
+    """The benchmark results a paper's report waits for in this run (none when speed is not measured)."""
+    if not MEASURE_SPEED:
+        return []
+    return [f"reports/bench/{name}.json" for name in SPEED_BENCH.get(paper, [])]
+
+
+def bench_priority(name: str) -> int:
+    """A speed benchmark runs just before the training of the first paper whose report reads it,
+    so that report is not held back until the end of the run."""
+    papers = [p for p in config["papers"] if name in SPEED_BENCH.get(p, [])]
+    return priority_of(papers[0]) if papers else 0
