@@ -30,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from commlab.report.index import build_index  # noqa: F401 - `commlab report --index`, and its old home
+
 KERNEL_NAME = "commlab-python"
 
 
@@ -155,7 +157,6 @@ def build_paper(paper: str, out: Path, notebooks: Path, uri: str, cwd: Path | No
 
 def main(args) -> int:
     """Entry point of ``commlab report`` (args: paper list, index, out, notebooks, results)."""
-    from commlab.report.index import build_index
     from commlab.tracking import tracking_uri
 
     if not args.paper and not args.index:

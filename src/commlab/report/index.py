@@ -47,7 +47,7 @@ def load_summaries(out: Path) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame()
     runs = pd.concat(frames, ignore_index=True)
-    runs["link"] = runs["network"].fillna("loopback").astype(str)
+    runs["link"] = runs["network"].astype(object).where(runs["network"].notna(), "loopback").astype(str)
     runs.loc[runs.link != "loopback", "link"] = "emulated " + runs.link
     return runs
 
