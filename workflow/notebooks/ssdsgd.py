@@ -201,7 +201,7 @@ else:
     verdict = "reproduced" if gain.mean() >= 0.5 else "partly reproduced" if gain.mean() > 0 else "not reproduced"
 claims.append(Claim(
     "The synchronous warm-up stage is needed", "SSD-SGD abstract and ablation",
-    ours, verdict, "Warm-up scaled to the run length (see above)."))
+    ours, verdict, "Warm-up scaled to the run length (see Method and scale below)."))
 
 show_claims(rep, claims)
 

@@ -6,8 +6,10 @@ scale (re-running a job adds a run beside the old one; reports pick the newest).
 Scale: runs carry a ``scale`` tag (smoke, laptop, laptop_full, paper). ``load_runs`` keeps the
 runs tagged with the asked scale; runs without the tag (made before runs were tagged) count as
 that scale only when no run of the experiment carries a ``scale`` tag at all. ``scale=None``
-keeps every run. ``load_history(runs, metrics)`` returns
-the per-step values of those runs in long form: run_id, name, method, seed, metric, step, value.
+keeps every run.
+
+``load_history(runs, metrics)`` returns the per-step values of those runs in long form: run_id,
+name, method, seed, metric, step, value (commlab.report.notebook.wide_history pivots it).
 """
 
 from __future__ import annotations
@@ -62,17 +64,3 @@ def load_history(runs: pd.DataFrame, metrics: list[str], uri: str | None = None)
                 rows.append({"run_id": run.run_id, "name": run.name, "method": run.method,
                              "seed": run.seed, "metric": metric, "step": m.step, "value": m.value})
     return pd.DataFrame(rows, columns=["run_id", "name", "method", "seed", "metric", "step", "value"])
-
-
-def wide_history(history: pd.DataFrame) -> pd.DataFrame:
-    """Long history -> one row per (run, step) with one column per metric (forward-filled within
-    a run, since evaluation metrics exist only at epoch ends)."""
-    if history.empty:
-        return history
-    wide = history.pivot_table(index=["run_id", "name", "method", "seed", "step"], columns="metric",
-                               values="value").reset_index()
-    wide.columns.name = None
-    wide = wide.sort_values(["run_id", "step"]).reset_index(drop=True)
-    cols = [c for c in wide.columns if c not in ("run_id", "name", "method", "seed", "step")]
-    wide[cols] = wide.groupby("run_id")[cols].ffill()
-    return wide

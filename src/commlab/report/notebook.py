@@ -131,7 +131,7 @@ def header_html(rep: Report) -> str:
     seed_text = str(seeds.iloc[0]) if seeds.nunique() == 1 else f"{seeds.min()}-{seeds.max()}"
     cells = {
         "scale": e(str(rep.scale or "untagged")),
-        "runs": f"{len(runs)} ({runs.name.nunique()} variants)",
+        "runs": f"{len(runs)} ({runs.name.nunique()} variant{'s' if runs.name.nunique() > 1 else ''})",
         "seeds per variant": f"{seed_text} (seeds {e(_span(runs.seed))})",
         "workers": e(_span(runs.workers)),
         "dataset": e(_span(runs.get("dataset", pd.Series(dtype=object)))),
