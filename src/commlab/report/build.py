@@ -110,6 +110,8 @@ def export_html(notebook, target: Path, title: str) -> None:
     from nbconvert import HTMLExporter
 
     move_stderr(notebook)
+    # Without their code, cells that print nothing would only leave blank space.
+    notebook.cells = [c for c in notebook.cells if c.cell_type != "code" or c.get("outputs")]
     exporter = HTMLExporter(template_name="lab")
     exporter.exclude_input = True
     exporter.exclude_input_prompt = True
