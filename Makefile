@@ -20,7 +20,7 @@ all: run
 # Fashion-MNIST from Debian, iproute2 (network emulation) and a local SLURM cluster's daemons
 # (tests/test_slurm_cluster.py, make slurm-up), when apt and root are available.
 DEBIAN_PACKAGES := dataset-fashion-mnist iproute2 util-linux munge slurmctld slurmd slurm-client slurmdbd \
-	mariadb-server
+	mariadb-server chromium
 system-packages:
 	@if [ ! -d $(FMNIST) ] || ! command -v ip >/dev/null || ! command -v slurmdbd >/dev/null \
 	    || ! command -v mariadbd >/dev/null; then \

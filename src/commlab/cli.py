@@ -200,6 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="reports", help="output folder (default: reports)")
     p.add_argument("--notebooks", default="workflow/notebooks", help="notebook folder")
     p.add_argument("--results", default="results", help="folder of run sentinels")
+    p.add_argument("--scale", help="report only the runs tagged with this scale (smoke, laptop, laptop_full, "
+                                   "paper); untagged runs count when no run is tagged; default: every run")
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("grid", help="list or run a paper's experiment grid without Snakemake",

@@ -1,156 +1,53 @@
-# %% [markdown]
-# # Baseline: dense synchronous SGD through the Communicator vs PyTorch DDP
-#
-# The foundation's check (spec parts 6 and 9). `ssgd` averages the gradients with a bucketed ring
-# allreduce through commlab's Communicator; `ddp` is torch's DistributedDataParallel, the external
-# reference. Both are the same algorithm, so on the same seeds (same initial model, same data
-# order) they must follow the same curves and send the same bytes: one ring allreduce of the full
-# gradient per step, 2(P-1)/P x 4 bytes x parameters per rank. The figures show loss and test
-# accuracy against samples processed and against bytes sent, mean and one standard deviation over
-# seeds; the claims table turns the comparison into verdicts.
+# Report: dense synchronous SGD through the Communicator against PyTorch DDP (baseline).
+# Executed by `commlab report --paper baseline`; the prologue is commlab.report.notebook.
 
 # %% tags=["parameters"]
 paper = "baseline"
 out_dir = "reports"
 tracking_uri = None
+scale = None
+
 
 # %%
-import io
-import json
-import warnings
-from pathlib import Path
-
-warnings.filterwarnings("ignore", category=FutureWarning)
-warnings.filterwarnings("ignore", message="IProgress not found")  # tqdm, imported by MLflow
-
+# ruff: noqa: E402 - a notebook imports after its parameters cell
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from IPython.display import Image, Markdown, display
+from IPython.display import display
 
 from commlab.core.communicator import ring_allreduce_cost
-from commlab.grid import grid_title
-from commlab.models import build_model
-from commlab.registry import DATASETS
-from commlab.report.claims import Claim, check, claims_frame, mean_sd, write_claims
-from commlab.report.collect import load_history, load_runs
+from commlab.report.claims import Claim, check, mean_sd
 from commlab.report.figures import curves
+from commlab.report.notebook import (
+    at_evaluations,
+    bytes_per_step,
+    mean_sd_table,
+    model_parameters,
+    nothing,
+    open_report,
+    show,
+    show_claims,
+    test_images,
+    wide_history,
+)
 
-pd.set_option("display.max_colwidth", None)
-
-TITLE = grid_title(paper)
 METRICS = ["train_loss", "test_loss", "test_accuracy", "samples", "bytes_sent", "wall_seconds"]
 LOSS_TOLERANCE = 0.02  # mean |loss gap| accepted between two runs of one algorithm (float order)
 BYTES_TOLERANCE = 0.01  # relative distance from the ring-allreduce volume
 
-runs = load_runs(paper, uri=tracking_uri)
-history = load_history(runs, METRICS, uri=tracking_uri)
-have = set(runs["name"]) if len(runs) else set()
-display(Markdown(f"**{TITLE}** &mdash; {len(runs)} finished run(s) in MLflow experiment `{paper}`: "
-                 + (", ".join(f"{n} ({(runs['name'] == n).sum()} seeds)" for n in sorted(have)) or "none")))
+rep = open_report(paper, out_dir, tracking_uri, scale, METRICS)
+runs, history = rep.runs, rep.history
 
 
 # %%
-def at_evaluations(history: pd.DataFrame, metric: str, axes=("samples", "bytes_sent")) -> pd.DataFrame:
-    """One row per evaluation of ``metric``, with cumulative x-axes interpolated at its step (they
-    are logged every few steps; evaluations happen at epoch ends)."""
-    evals = history[history.metric == metric].rename(columns={"value": metric}).drop(columns="metric")
-    for axis in axes:
-        values = []
-        for row in evals.itertuples():
-            logged = history[(history.run_id == row.run_id) & (history.metric == axis)].sort_values("step")
-            steps = np.concatenate([[0], logged.step.to_numpy()])
-            ys = np.concatenate([[0.0], logged.value.to_numpy()])
-            values.append(float(np.interp(row.step, steps, ys)))
-        evals[axis] = values
-    return evals
-
-
 def at_logged_steps(history: pd.DataFrame) -> pd.DataFrame:
     """One row per (run, logged training step) with one column per metric."""
-    logged = history[~history.metric.isin(["test_accuracy", "test_loss"])]
-    wide = logged.pivot_table(index=["run_id", "name", "method", "seed", "step"], columns="metric",
-                              values="value").reset_index()
+    wide = wide_history(history[~history.metric.isin(["test_accuracy", "test_loss"])], fill=False)
     return wide.dropna(subset=["train_loss"]) if "train_loss" in wide else pd.DataFrame()
 
 
 train = at_logged_steps(history) if not history.empty else pd.DataFrame()
-evals = at_evaluations(history, "test_accuracy") if not history.empty else pd.DataFrame()
-
-# %% [markdown]
-# ## Curves: loss and test accuracy against samples and against bytes sent
-#
-# Lines are means over seeds, bands one standard deviation. Where the two methods agree to the
-# last digit only one line is visible: ssgd is drawn over ddp.
-
-# %%
-if train.empty:
-    display(Markdown("_No finished runs yet: nothing to plot._"))
-else:
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    curves(train, "samples", "train_loss", ax=axes[0][0], title="training loss")
-    curves(train, "bytes_sent", "train_loss", ax=axes[0][1], title="training loss")
-    curves(evals, "samples", "test_accuracy", ax=axes[1][0], title="test accuracy")
-    curves(evals, "bytes_sent", "test_accuracy", ax=axes[1][1], title="test accuracy")
-    fig.tight_layout()
-    png = io.BytesIO()  # commlab.report.figures selects the Agg backend: embed the figure as PNG
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
-    display(Image(png.getvalue()))
-
-# %% [markdown]
-# ## Final numbers per run and over seeds
-
-# %%
-FINAL = ["test_accuracy", "test_loss", "train_loss", "bytes_sent", "wall_seconds"]
-if runs.empty:
-    display(Markdown("_No finished runs yet._"))
-else:
-    final = runs[["name", "method", "seed", "workers"] + [c for c in FINAL if c in runs]].sort_values(["name", "seed"])
-    display(final.reset_index(drop=True))
-
-    def spread(values: pd.Series) -> str:
-        sd = values.std(ddof=1) if len(values) > 1 else 0.0
-        return f"{values.mean():.4g} ± {sd:.2g}"
-
-    summary = final.groupby("name").agg(seeds=("seed", "count"),
-                                        **{c: (c, spread) for c in FINAL if c in final})
-    display(Markdown("Mean ± standard deviation over seeds:"))
-    display(summary)
-
-# %% [markdown]
-# ## Per-seed gap between the two methods
-#
-# The training loss of ssgd minus that of ddp at every logged step, one line per seed, beside
-# the gap between two seeds of the same method: identical updates start at a gap of zero; float
-# rounding (the sums run in another order) then lets the trajectories drift apart, which should
-# stay within the seed-to-seed variation.
-
-# %%
-if train.empty or not {"ssgd", "ddp"} <= set(train["name"]):
-    display(Markdown("_Needs finished ssgd and ddp runs._"))
-else:
-    loss = train.pivot_table(index=["seed", "samples"], columns="name", values="train_loss")
-    gaps = (loss["ssgd"] - loss["ddp"]).dropna().rename("gap").reset_index()
-    gaps["pair"] = "ssgd - ddp, seed " + gaps["seed"].astype(str)
-    by_seed = loss["ddp"].unstack("seed").dropna()
-    if by_seed.shape[1] > 1:
-        first, second = by_seed.columns[:2]
-        reference = (by_seed[second] - by_seed[first]).rename("gap").reset_index()
-        reference["pair"] = f"ddp seed {second} - ddp seed {first}"
-        gaps = pd.concat([gaps, reference], ignore_index=True)
-    fig, ax = plt.subplots(figsize=(8, 3.5))
-    for pair, g in gaps.groupby("pair"):
-        ax.plot(g["samples"], g["gap"], label=pair, linestyle="--" if pair.startswith("ddp") else "-")
-    ax.axhline(0.0, color="grey", linewidth=0.8)
-    ax.set_xlabel("samples processed")
-    ax.set_ylabel("training-loss difference")
-    ax.legend()
-    fig.tight_layout()
-    png = io.BytesIO()
-    fig.savefig(png, format="png", dpi=100)
-    plt.close(fig)
-    display(Image(png.getvalue()))
+evals = at_evaluations(history) if not history.empty else pd.DataFrame()
 
 
 # %%
@@ -174,18 +71,6 @@ def loss_gaps(train: pd.DataFrame) -> tuple[float, float, float, list[int]]:
     return gap, spread, first, seeds
 
 
-def bytes_per_step(runs: pd.DataFrame, train: pd.DataFrame, name: str) -> float:
-    """Bytes sent by rank 0 per optimisation step between the first and the last logged step (so
-    the one-off broadcast of the initial model is left out), mean over seeds."""
-    rows = []
-    for run in runs[runs.name == name].itertuples():
-        logged = train[train.run_id == run.run_id].sort_values("step")
-        if len(logged) > 1:
-            first, last = logged.iloc[0], logged.iloc[-1]
-            rows.append((last["bytes_sent"] - first["bytes_sent"]) / (last["step"] - first["step"]))
-    return float(np.mean(rows)) if rows else float("nan")
-
-
 def pooled_sd(*groups: pd.Series) -> float:
     """Pooled within-group standard deviation (0 when no group has two values)."""
     squares = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
@@ -193,27 +78,11 @@ def pooled_sd(*groups: pd.Series) -> float:
     return float(np.sqrt(squares / dof)) if dof > 0 else 0.0
 
 
-def test_images(run) -> int | None:
-    """How many test images a run evaluates on (its test_subset, else the prepared test set)."""
-    meta = Path(str(run["param.data_dir"])) / str(run["param.dataset"]) / "meta.json"
-    total = json.loads(meta.read_text())["test_shape"][0] if meta.exists() else None
-    subset = str(run.get("param.train.test_subset", "None"))
-    if subset.isdigit():
-        return min(int(subset), total) if total else int(subset)
-    return total
-
-
 def ring_bytes(runs: pd.DataFrame) -> float:
     """One ring allreduce of every fp32 gradient on P workers, bytes sent by rank 0."""
     run = runs.iloc[0]
-    spec = DATASETS.get(run["param.dataset"])
-    model = build_model(run["param.model"], spec.channels, spec.num_classes, spec.image_size)
-    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return ring_allreduce_cost(n, int(run["workers"]), 0)[0] * 4.0
+    return ring_allreduce_cost(model_parameters(run), int(run["workers"]), 0)[0] * 4.0
 
-
-# %% [markdown]
-# ## Claims
 
 # %%
 NOT_MEASURED = "needs finished ssgd and ddp runs"
@@ -261,7 +130,8 @@ claims.append(Claim("ssgd and DDP reach the same final test accuracy", "DDP (Li 
 # from the same formula in the Communicator: a consistency check of the accounting, not a result.
 if len(ssgd_acc) and len(ddp_acc):
     expected = ring_bytes(runs)
-    measured = {name: bytes_per_step(runs, train, name) for name in ("ssgd", "ddp")}
+    measured = {name: float(np.mean([bytes_per_step(history, r) for r in runs[runs.name == name].run_id]))
+                for name in ("ssgd", "ddp")}
     worst = max(abs(v / expected - 1.0) for v in measured.values())
     holds = worst <= BYTES_TOLERANCE
     ours = (f"bytes sent per step by rank 0: ssgd {measured['ssgd']:,.0f}, ddp {measured['ddp']:,.0f}; "
@@ -273,5 +143,72 @@ else:
 claims.append(check("Both send one ring allreduce of the full gradient per step: 2(P-1)/P x 4 B x parameters",
                     "ring allreduce cost (Patarasuk & Yuan 2009); DDP's bucketed allreduce", ours, holds, note))
 
-write_claims(paper, TITLE, claims, out_dir)
-display(claims_frame(claims))
+show_claims(rep, claims)
+
+
+# %% [markdown]
+# ## Curves: loss and test accuracy against samples and against bytes sent
+#
+# Lines are means over seeds, bands one standard deviation. Where the two methods agree to the
+# last digit only one line is visible: ssgd is drawn over ddp.
+
+
+# %%
+if train.empty:
+    nothing("No finished runs yet: nothing to plot.")
+else:
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    curves(train, "samples", "train_loss", ax=axes[0][0], title="training loss")
+    curves(train, "bytes_sent", "train_loss", ax=axes[0][1], title="training loss")
+    curves(evals, "samples", "test_accuracy", ax=axes[1][0], title="test accuracy")
+    curves(evals, "bytes_sent", "test_accuracy", ax=axes[1][1], title="test accuracy")
+    fig.tight_layout()
+    show(rep, fig, "curves")
+
+
+# %% [markdown]
+# ## Per-seed gap between the two methods
+#
+# The training loss of ssgd minus that of ddp at every logged step, one line per seed, beside
+# the gap between two seeds of the same method: identical updates start at a gap of zero; float
+# rounding (the sums run in another order) then lets the trajectories drift apart, which should
+# stay within the seed-to-seed variation.
+
+
+# %%
+if train.empty or not {"ssgd", "ddp"} <= set(train["name"]):
+    nothing("Needs finished ssgd and ddp runs.")
+else:
+    loss = train.pivot_table(index=["seed", "samples"], columns="name", values="train_loss")
+    gaps = (loss["ssgd"] - loss["ddp"]).dropna().rename("gap").reset_index()
+    gaps["pair"] = "ssgd - ddp, seed " + gaps["seed"].astype(str)
+    by_seed = loss["ddp"].unstack("seed").dropna()
+    if by_seed.shape[1] > 1:
+        first, second = by_seed.columns[:2]
+        reference = (by_seed[second] - by_seed[first]).rename("gap").reset_index()
+        reference["pair"] = f"ddp seed {second} - ddp seed {first}"
+        gaps = pd.concat([gaps, reference], ignore_index=True)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for pair, g in gaps.groupby("pair"):
+        ax.plot(g["samples"], g["gap"], label=pair, linestyle="--" if pair.startswith("ddp") else "-")
+    ax.axhline(0.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("samples processed")
+    ax.set_ylabel("training-loss difference")
+    ax.legend()
+    fig.tight_layout()
+    show(rep, fig, "loss_gap")
+
+
+# %% [markdown]
+# ## Details: final numbers per run and over seeds
+
+
+# %%
+FINAL = ["test_accuracy", "test_loss", "train_loss", "bytes_sent", "wall_seconds"]
+if runs.empty:
+    nothing("No finished runs yet.")
+else:
+    final = runs[["name", "method", "seed", "workers"] + [c for c in FINAL if c in runs]].sort_values(["name", "seed"])
+    display(final.reset_index(drop=True))
+
+    display(mean_sd_table(final, "name", {c: c for c in FINAL}))

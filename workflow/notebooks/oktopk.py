@@ -10,47 +10,22 @@
 #     name: python3
 # ---
 
-# %% [markdown]
-# # Ok-Topk: near-optimal sparse allreduce (Li & Hoefler, PPoPP'22), with sparse baselines
-#
-# `oktopk` follows the release (Shigangli/Ok-Topk, LSTM/VGG allreducer; module docstring of
-# `commlab.algorithms.oktopk`): residuals, a local threshold recomputed exactly every 32 steps and
-# nudged in between, regions re-balanced every 64 steps, split-and-reduce, a global threshold
-# recomputed every 32 steps, allgatherv, residual kept wherever an entry was not both sent and
-# kept. Baselines: `topk_allgather` (TopkA: allgather of every rank's exact top-k), `gaussiank`
-# (threshold from a normal fit, allgatherv), `gtopk` (tree of pairwise top-k merges, broadcast)
-# and dense `ssgd`. Volume is what the Communicator counted: elements sent per rank and step,
-# indices and values both (the paper's unit), count exchanges included.
-#
-# **Scale.** The default (laptop) grid is trimmed to fit the whole pipeline on a 2-core machine:
-# accuracy runs are Fashion-MNIST CNN on **4 workers only** (the spec asks 4 and 8), density 2%,
-# 16,384 training samples for 2 epochs (256 steps, the first 16 dense, cosine learning rate),
-# **one seed** (the spec asks 3); the volume-scaling runs are a tiny MLP on synthetic data,
-# Ok-Topk for 100 steps at 2, 4, 8 and 16 workers (**not 32**: 32 processes need about 13 GB of
-# memory and minutes to start on 2 cores), TopkA, whose volume is the same every step, for 12
-# steps at 2, 4 and 8 workers only (at 16 its 2k(P-1) is the formula that the measured points and
-# the tests confirm, marked as such).
-# `laptop_full` holds the untrimmed grid (3 seeds, the whole training set, 4 and 8 workers,
-# densities 1% and 2%, both methods at 2-32 workers) and `paper` the VGG-16/CIFAR-10 setting for
-# GPU clusters. Short runs favour dense SGD: error feedback delays part of every gradient.
 
 # %% tags=["parameters"]
 paper = "oktopk"
 out_dir = "reports"
 tracking_uri = None
+scale = None
+
 
 # %%
 # ruff: noqa: E402 - a notebook imports after its parameters cell
-import io
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from IPython.display import Image, display
+from IPython.display import display
 
-from commlab.grid import grid_title
 from commlab.report.bench import (
     dense_comm_share,
     faster_on_slow_links,
@@ -59,66 +34,23 @@ from commlab.report.bench import (
     provenance,
     throughput_ratios,
 )
-from commlab.report.claims import Claim, claims_frame, mean_sd, write_claims
-from commlab.report.collect import load_history, load_runs
+from commlab.report.claims import Claim, mean_sd
 from commlab.report.figures import curves
+from commlab.report.notebook import open_report, param, show, show_claims, wide_history
 
-try:
-    title = grid_title(paper)
-except Exception:  # noqa: BLE001 - the report still builds outside the project root
-    title = "Ok-Topk: near-optimal sparse allreduce"
-runs = load_runs(paper, uri=tracking_uri)
 METRICS = ["train_loss", "test_accuracy", "bytes_sent", "samples", "wall_seconds", "selection_seconds",
            "algo_volume_over_k", "algo_recv_over_k", "algo_k", "algo_select_ms", "algo_local_selected",
            "algo_global_selected", "algo_sent_split", "algo_sent_allgather", "algo_sent_repartition",
            "algo_sent_balance", "algo_sent_tree", "algo_sent_broadcast", "algo_sparse_steps"]
-history = load_history(runs, METRICS, uri=tracking_uri) if not runs.empty else pd.DataFrame(
-    columns=["run_id", "name", "method", "seed", "metric", "step", "value"])
-KEYS = ["run_id", "name", "method", "seed", "step"]
-
-
-def show(fig, name: str) -> None:
-    """Embed a figure as PNG (commlab.report.figures selects the Agg backend, which plt.show()
-    ignores) and save it beside the claims table."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    folder = Path(out_dir) / paper
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.png").write_bytes(buf.getvalue())
-    plt.close(fig)
-    display(Image(buf.getvalue()))
-
-
-if not history.empty:
-    wide = history.pivot_table(index=KEYS, columns="metric", values="value").reset_index()
-    wide.columns.name = None
-    wide = wide.sort_values(["run_id", "step"]).reset_index(drop=True)
-else:
-    wide = pd.DataFrame(columns=KEYS)
-
-
-def param(df, key, default=np.nan):
-    col = f"param.{key}"
-    return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(default, index=df.index)
-
-
+rep = open_report(paper, out_dir, tracking_uri, scale, METRICS)
+runs, wide = rep.runs, wide_history(rep.history, fill=False)
 if not runs.empty:
     runs["warmup"] = param(runs, "method_params.warmup_steps", 0).fillna(0)
     runs["density"] = param(runs, "method_params.density")
     runs["scaling"] = runs.name.str.startswith("scale_")
-    # MLflow keeps params as strings: a run without emulated links has network "None".
-    runs["network"] = runs["param.network"].replace({"None": np.nan, "": np.nan}) if "param.network" in runs \
-        else np.nan
-print(f"{len(runs)} finished runs: " + ", ".join(
-    f"{n} x{c}" for n, c in runs.groupby("name").size().items()) if not runs.empty else "no runs yet")
 
-# %% [markdown]
-# ## Volume per rank against the number of workers
-# For each run: the mean of the logged per-window volume (`algo_volume_over_k`, elements sent per
-# sparse step / k) over the **second half of the sparse steps**. Right after the dense warm-up the
-# residuals grow from zero and the reused global threshold (nudged by 1.01 per step) lags behind,
-# so Ok-Topk keeps many more than k entries for its first ~1/density steps; the second half is its
-# steady state. `cumulative` includes that transient. TopkA's volume is 2k(P-1) at every step.
+
+
 
 # %%
 def steady(run_id, warmup, col="algo_volume_over_k"):
@@ -139,7 +71,6 @@ if not runs.empty and "algo_volume_over_k" in runs:
         runs=("run_id", "count"), k=("algo_k", "first"), volume_over_k=("steady_volume_over_k", "mean"),
         recv_over_k=("steady_recv_over_k", "mean"), cumulative=("algo_volume_over_k_mean", "mean"))
     volume["topka_formula"] = 2 * (volume.workers - 1)
-    display(volume.round(3))
 
 scaling = volume[volume.scaling] if not volume.empty else volume
 ok_vol = scaling[scaling.method == "oktopk"].set_index("workers") if not scaling.empty else pd.DataFrame()
@@ -152,63 +83,11 @@ if not ok_vol.empty:
     ratio["topka_used"] = ratio.topka_measured.fillna(ratio["topka_2(P-1)"])
     ratio["topka_source"] = np.where(ratio.topka_measured.notna(), "measured", "formula 2k(P-1)")
     ratio["oktopk_over_topka"] = ratio.oktopk / ratio.topka_used
-    display(ratio.round(3))
 
-# %%
-if not scaling.empty:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    sns.lineplot(data=scaling, x="workers", y="volume_over_k", hue="method", marker="o", ax=ax)
-    ps = np.array(sorted(scaling.workers.unique()))
-    ax.plot(ps, 2 * (ps - 1), "k--", lw=1, label="2k(P-1) (TopkA model)")
-    ax.axhline(6, color="r", ls=":", lw=1, label="6k (Ok-Topk bound)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("workers P")
-    ax.set_ylabel("elements sent per rank and step / k")
-    ax.legend()
-    ax.set_title("Volume per rank against P (tiny MLP, steady state)")
-    show(fig, "volume_vs_workers")
-
-# %% [markdown]
-# Elements sent per sparse step by phase (rank 0, mean over the logged windows of the second half).
-
-# %%
-PHASES = [c for c in ["algo_sent_split", "algo_sent_repartition", "algo_sent_balance", "algo_sent_allgather",
-                      "algo_sent_tree", "algo_sent_broadcast"] if c in wide]
-if not runs.empty and PHASES:
-    rows = []
-    for r in runs[runs.method != "ssgd"].itertuples():
-        row = {"name": r.name, "workers": r.workers, "k": getattr(r, "algo_k", np.nan)}
-        for c in PHASES:
-            row[c.replace("algo_sent_", "")] = steady(r.run_id, r.warmup, c)
-        rows.append(row)
-    phases = pd.DataFrame(rows).groupby(["name", "workers"]).mean().reset_index()
-    display(phases.round(1))
-
-# %% [markdown]
-# ## Accuracy against bytes (4 workers, Fashion-MNIST CNN)
 
 # %%
 acc_runs = runs[~runs.scaling] if not runs.empty else runs
-if not acc_runs.empty:
-    acc_wide = wide[wide.run_id.isin(acc_runs.run_id)].copy()
-    acc_wide["bytes_sent"] = acc_wide.groupby("run_id")["bytes_sent"].ffill()
-    evals = acc_wide.dropna(subset=["test_accuracy"]) if "test_accuracy" in acc_wide else acc_wide
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    curves(evals, "bytes_sent", "test_accuracy", ax=axes[0], logx=True,
-           title="test accuracy against bytes sent per rank (each evaluation)")
-    curves(acc_wide, "samples", "train_loss", ax=axes[1], title="training loss against samples")
-    fig.tight_layout()
-    show(fig, "accuracy_vs_bytes")
-    summary = acc_runs.groupby("name").agg(
-        method=("method", "first"), workers=("workers", "first"), seeds=("seed", "nunique"),
-        test_accuracy=("test_accuracy", "mean"), acc_sd=("test_accuracy", "std"),
-        MB_sent=("bytes_sent", lambda b: b.mean() / 1e6), selection_s=("selection_seconds", "mean"),
-        wall_s=("wall_seconds", "mean")).sort_values("MB_sent")
-    display(summary.round(4))
 
-# %% [markdown]
-# ## Claims
 
 # %%
 claims = []
@@ -337,5 +216,99 @@ else:
         "Ok-Topk / best other: " + ", ".join(f"{k}: {g:.2f}x" for k, g in gains.items()),
         "partly reproduced" if (gains > 1).any() else "not reproduced", "emulated links, small P"))
 
-write_claims(paper, title, claims, out_dir)
-display(claims_frame(claims))
+show_claims(rep, claims)
+
+
+# %% [markdown]
+# ## Accuracy against bytes (4 workers, Fashion-MNIST CNN)
+
+
+# %%
+if not acc_runs.empty:
+    acc_wide = wide[wide.run_id.isin(acc_runs.run_id)].copy()
+    acc_wide["bytes_sent"] = acc_wide.groupby("run_id")["bytes_sent"].ffill()
+    evals = acc_wide.dropna(subset=["test_accuracy"]) if "test_accuracy" in acc_wide else acc_wide
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    curves(evals, "bytes_sent", "test_accuracy", ax=axes[0], logx=True,
+           title="test accuracy against bytes sent per rank (each evaluation)")
+    curves(acc_wide, "samples", "train_loss", ax=axes[1], title="training loss against samples")
+    fig.tight_layout()
+    show(rep, fig, "accuracy_vs_bytes")
+    summary = acc_runs.groupby("name").agg(
+        method=("method", "first"), workers=("workers", "first"), seeds=("seed", "nunique"),
+        test_accuracy=("test_accuracy", "mean"), acc_sd=("test_accuracy", "std"),
+        MB_sent=("bytes_sent", lambda b: b.mean() / 1e6), selection_s=("selection_seconds", "mean"),
+        wall_s=("wall_seconds", "mean")).sort_values("MB_sent")
+    display(summary.round(4))
+
+
+# %% [markdown]
+# ## Details: volume per rank against the number of workers
+# For each run: the mean of the logged per-window volume (`algo_volume_over_k`, elements sent per
+# sparse step / k) over the **second half of the sparse steps**. Right after the dense warm-up the
+# residuals grow from zero and the reused global threshold (nudged by 1.01 per step) lags behind,
+# so Ok-Topk keeps many more than k entries for its first ~1/density steps; the second half is its
+# steady state. `cumulative` includes that transient. TopkA's volume is 2k(P-1) at every step.
+
+
+# %%
+if not volume.empty:
+    display(volume.round(3))
+if not ratio.empty:
+    display(ratio.round(3))
+if not scaling.empty:
+    fig, ax = plt.subplots(figsize=(6, 4))
+    sns.lineplot(data=scaling, x="workers", y="volume_over_k", hue="method", marker="o", ax=ax)
+    ps = np.array(sorted(scaling.workers.unique()))
+    ax.plot(ps, 2 * (ps - 1), "k--", lw=1, label="2k(P-1) (TopkA model)")
+    ax.axhline(6, color="r", ls=":", lw=1, label="6k (Ok-Topk bound)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers P")
+    ax.set_ylabel("elements sent per rank and step / k")
+    ax.legend()
+    ax.set_title("Volume per rank against P (tiny MLP, steady state)")
+    show(rep, fig, "volume_vs_workers")
+
+
+# %% [markdown]
+# Elements sent per sparse step by phase (rank 0, mean over the logged windows of the second half).
+
+
+# %%
+PHASES = [c for c in ["algo_sent_split", "algo_sent_repartition", "algo_sent_balance", "algo_sent_allgather",
+                      "algo_sent_tree", "algo_sent_broadcast"] if c in wide]
+if not runs.empty and PHASES:
+    rows = []
+    for r in runs[runs.method != "ssgd"].itertuples():
+        row = {"name": r.name, "workers": r.workers, "k": getattr(r, "algo_k", np.nan)}
+        for c in PHASES:
+            row[c.replace("algo_sent_", "")] = steady(r.run_id, r.warmup, c)
+        rows.append(row)
+    phases = pd.DataFrame(rows).groupby(["name", "workers"]).mean().reset_index()
+    display(phases.round(1))
+
+
+# %% [markdown]
+# ## Method and scale
+#
+# `oktopk` follows the release (Shigangli/Ok-Topk, LSTM/VGG allreducer; module docstring of
+# `commlab.algorithms.oktopk`): residuals, a local threshold recomputed exactly every 32 steps and
+# nudged in between, regions re-balanced every 64 steps, split-and-reduce, a global threshold
+# recomputed every 32 steps, allgatherv, residual kept wherever an entry was not both sent and
+# kept. Baselines: `topk_allgather` (TopkA: allgather of every rank's exact top-k), `gaussiank`
+# (threshold from a normal fit, allgatherv), `gtopk` (tree of pairwise top-k merges, broadcast)
+# and dense `ssgd`. Volume is what the Communicator counted: elements sent per rank and step,
+# indices and values both (the paper's unit), count exchanges included.
+#
+# **Scale.** The default (laptop) grid is trimmed to fit the whole pipeline on a 2-core machine:
+# accuracy runs are Fashion-MNIST CNN on **4 workers only** (the spec asks 4 and 8), density 2%,
+# 16,384 training samples for 2 epochs (256 steps, the first 16 dense, cosine learning rate),
+# **one seed** (the spec asks 3); the volume-scaling runs are a tiny MLP on synthetic data,
+# Ok-Topk for 100 steps at 2, 4, 8 and 16 workers (**not 32**: 32 processes need about 13 GB of
+# memory and minutes to start on 2 cores), TopkA, whose volume is the same every step, for 12
+# steps at 2, 4 and 8 workers only (at 16 its 2k(P-1) is the formula that the measured points and
+# the tests confirm, marked as such).
+# `laptop_full` holds the untrimmed grid (3 seeds, the whole training set, 4 and 8 workers,
+# densities 1% and 2%, both methods at 2-32 workers) and `paper` the VGG-16/CIFAR-10 setting for
+# GPU clusters. Short runs favour dense SGD: error feedback delays part of every gradient.

@@ -1,54 +1,34 @@
-# %% [markdown]
-# # RedSync: residual gradient compression (Fang, Fu, Yang, Hsieh, arXiv 1808.04357)
-#
-# Every worker adds its gradient to a momentum-corrected residual (`u = m*u + g; v = v + u`),
-# sends only about `density * n` entries of each layer's residual as (index, value) pairs in one
-# variable-length allgather, and zeroes what it sent in both `u` and `v` (momentum factor
-# masking); the averaged sparse gradient feeds a plain SGD step (PAPERS.md section 4). How the
-# entries are found depends on the layer's size: a threshold binary search above 4M elements,
-# trimmed top-k between 1M and 4M, exact top-k below, dense for layers of at most 1024 elements.
-# `dgc` is the same compressor with exact top-k everywhere; `ssgd` is the dense reference.
-#
-# **What the default (laptop) grid trims.** The paper trains CIFAR-10 ResNet-44/VGG-16, ImageNet
-# nets and LSTMs on up to 128 GPUs. Here: Fashion-MNIST, 4 CPU workers, ResNet-20 (compute-heavy)
-# and `wide_mlp` (communication-heavy: 1.86M parameters in two large fully connected layers),
-# density 0.1%, **one seed, two epochs over a subset** (6,144 samples for ResNet-20: 96 steps of
-# 4 x 32; 12,288 for wide_mlp: 192 steps) and 2,000 test images, so that the whole grid fits the
-# pipeline's time budget on a 2-core machine. Laptop layers are small, so for wide_mlp the size
-# thresholds are scaled (binary search above 1M elements, trimmed top-k above 250k) to exercise
-# both RedSync selectors; every ResNet-20 layer stays below them. A hundred or two steps at 0.1%
-# density are far fewer than the paper's 160 epochs: accuracy gaps here measure early training,
-# where residual methods lag most (and ResNet-20's batch-norm statistics still move fast, so its
-# early test accuracy is erratic).
-# `laptop_full` (3 seeds, full training set, 2 epochs, plus dgc on ResNet-20 and the quantised,
-# threshold-reuse and warm-up variants) and `paper` are in `config/papers/redsync.yaml`.
-
 # %% tags=["parameters"]
 paper = "redsync"
 out_dir = "reports"
 tracking_uri = None
+scale = None
+
 
 # %%
-import io
+# ruff: noqa: E402 - a notebook imports after its parameters cell
 import re
-import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
-from IPython.display import Image, Markdown, display
+from IPython.display import display
 
-from commlab.grid import grid_title
 from commlab.report.bench import load_bench, provenance, throughput_ratios
-from commlab.report.claims import Claim, check, claims_frame, mean_sd, write_claims
-from commlab.report.collect import load_history, load_runs
+from commlab.report.claims import Claim, check, mean_sd
 from commlab.report.figures import curves
+from commlab.report.notebook import (
+    at_evaluations,
+    bytes_per_step,
+    link_mbit,
+    nothing,
+    open_report,
+    param,
+    show,
+    show_claims,
+)
 
-warnings.filterwarnings("ignore", category=FutureWarning)
-pd.set_option("display.max_colwidth", None)
-
-TITLE = grid_title(paper)
 METRICS = ["test_accuracy", "bytes_sent", "samples", "wall_seconds"]
 PAPER_DENSITY = 0.001  # the paper's message: about 0.1% of the gradient
 MESSAGE_SLACK = 2.5  # "about 0.1%": at most 2.5x the density in values sent per step
@@ -56,75 +36,25 @@ ACCURACY_TOLERANCE = 1.0  # percentage points: "near dense" is within max(this, 
 LARGE_LAYER = 250_000  # layers at least this big count as "large" for the selection claim
 SELECT_KEY = re.compile(r"^algo_select_ms_(?P<selector>[a-z_]+)_n(?P<n>\d+)$")
 
-
-def show(fig) -> None:
-    """Embed a figure as PNG (the figures module selects the Agg backend, which plt.show() ignores)."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    display(Image(buf.getvalue()))
-
-
-runs = load_runs(paper, uri=tracking_uri)
-history = load_history(runs, METRICS, uri=tracking_uri)
-display(Markdown(f"**{TITLE}** &mdash; {len(runs)} finished run(s) in MLflow experiment `{paper}`: "
-                 + (", ".join(f"{n} ({(runs['name'] == n).sum()} seed(s))" for n in sorted(set(runs["name"])))
-                    or "none")))
+rep = open_report(paper, out_dir, tracking_uri, scale, METRICS)
+runs, history = rep.runs, rep.history
 
 
 # %%
-def column(frame: pd.DataFrame, key: str, default=np.nan) -> pd.Series:
-    return frame[key] if key in frame else pd.Series(default, index=frame.index, dtype=object)
-
-
-def bytes_per_step(history: pd.DataFrame, run_id: str) -> float:
-    """Bytes this rank sent per step between its first and last logged points: the steady state,
-    without the model broadcast at the start (which a short run would otherwise spread over few
-    steps)."""
-    h = history[(history.run_id == run_id) & (history.metric == "bytes_sent")].sort_values("step")
-    if len(h) < 2 or h.step.iloc[-1] == h.step.iloc[0]:
-        return float("nan")
-    return float((h.value.iloc[-1] - h.value.iloc[0]) / (h.step.iloc[-1] - h.step.iloc[0]))
-
-
 def describe(runs: pd.DataFrame, history: pd.DataFrame) -> pd.DataFrame:
     """One row per run: model, steps, bytes per step and the compressor's own metrics."""
     if runs.empty:
         return runs.assign(model=[], steps=[], bytes_per_step=[], emulated_link=[])
     df = runs.copy()
-    df["model"] = column(df, "param.model")
-    batch = pd.to_numeric(column(df, "param.train.batch_size"), errors="coerce")
-    df["steps"] = pd.to_numeric(column(df, "samples"), errors="coerce") / (df["workers"] * batch)
+    df["model"] = param(df, "model", numeric=False).fillna(df.model)
+    df["steps"] = pd.to_numeric(df.get("samples"), errors="coerce") / (df["workers"] * param(df, "train.batch_size"))
     df["bytes_per_step"] = [bytes_per_step(history, r) for r in df.run_id]
-    df["emulated_link"] = column(df, "param.network").astype(str).isin(["None", "nan", ""]) == False  # noqa: E712
+    df["emulated_link"] = df.network.notna() | link_mbit(df).notna()
     return df
 
 
 info = describe(runs, history)
-FINAL = ["name", "method", "model", "seed", "test_accuracy", "steps", "bytes_per_step", "algo_sent_fraction",
-         "algo_selected_fraction", "algo_selected_over_k", "selection_seconds", "wall_seconds"]
-if info.empty:
-    display(Markdown("_No finished runs yet: every claim below is `not measured`._"))
-else:
-    display(info[[c for c in FINAL if c in info]].sort_values(["model", "name", "seed"]).reset_index(drop=True))
 
-# %% [markdown]
-# ## Claims
-# 1. **Message about 0.1% of the gradient** (a consistency check: the density is the method's
-#    option) and **accuracy near dense** (abstract), per model, as two rows: the check uses
-#    `selected_fraction` (entries sent per step / elements of the compressed layers:
-#    the RGC messages); `sent_fraction` adds the tiny layers sent dense (over all parameters);
-#    bytes per step (steady state, between the first and last logged steps) also count the
-#    indices and the counts. Near dense: the final
-#    test accuracy within max(1 point, 2 s.d. over seeds) of `ssgd` on the same data.
-# 2. **Selection faster than exact top-k on large layers** (paper section on selection): mean
-#    milliseconds per call of RedSync's selectors against `dgc`'s exact top-k on the same layer sizes
-#    in the same training runs (`algo_select_ms_<selector>_n<size>`), and the selection benchmark
-#    when its JSON exists.
-# 3. **End-to-end gain largest for the high communication-to-computation model**: only meaningful on
-#    slow links; judged from runs on emulated links (`network` set), else from the throughput
-#    benchmark per model (`snakemake bench`: reports/bench/throughput_<model>.json), "not measured"
-#    when neither exists.
 
 # %%
 claims: list[Claim] = []
@@ -189,6 +119,7 @@ for model in models or ["resnet20", "wide_mlp"]:
         verdict="reproduced" if close else "not reproduced",
         note=f"near = within max({ACCURACY_TOLERANCE:g} point, 2 s.d. over seeds) of ssgd"
              + ("" if close else "; the gap is above it after a short laptop run (two epochs over a subset)")))
+
 
 # %%
 def selection_table(info: pd.DataFrame) -> pd.DataFrame:
@@ -255,6 +186,7 @@ else:
         claim=CLAIM_2, paper=PAPER_2, ours="no runs", verdict="not measured",
         note="needs redsync and dgc runs of wide_mlp, or `commlab bench selection`"))
 
+
 # %%
 emulated = info[info.emulated_link] if not info.empty else info
 speedups = {}
@@ -300,43 +232,29 @@ elif len(measured) < 2:
         note="needs runs on emulated slow links or `snakemake bench` (throughput per model); on loopback, where "
              "communication is nearly free, ssgd/redsync wall time: " + (loopback or "no runs")))
 
-table = claims_frame(claims)
-write_claims(paper, TITLE, claims, out_dir)
-display(table)
+show_claims(rep, claims)
+
 
 # %% [markdown]
 # ## Accuracy against bytes sent
 # Test accuracy at each evaluation against the bytes this rank had sent by then (log scale), per
 # model; mean and one s.d. over seeds.
 
+
 # %%
-def at_evaluations(history: pd.DataFrame, info: pd.DataFrame) -> pd.DataFrame:
-    """One row per test evaluation with the bytes sent by then (interpolated between the logged
-    steps, from 0 at step 0) and the run's model."""
-    evals = history[history.metric == "test_accuracy"].rename(columns={"value": "test_accuracy"})
-    evals = evals.drop(columns="metric").copy()
-    sent = []
-    for row in evals.itertuples():
-        logged = history[(history.run_id == row.run_id) & (history.metric == "bytes_sent")].sort_values("step")
-        steps = np.concatenate([[0], logged.step.to_numpy()])
-        values = np.concatenate([[0.0], logged.value.to_numpy()])
-        sent.append(float(np.interp(row.step, steps, values)))
-    evals["bytes_sent"] = sent
-    return evals.merge(info[["run_id", "model"]], on="run_id", how="left")
-
-
 if history.empty:
-    display(Markdown("_No runs: no figure._"))
+    nothing("No runs: no figure.")
 else:
-    evals = at_evaluations(history, info)
+    evals = at_evaluations(history, ("bytes_sent",), info=info, columns=("model",))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         part = evals[(evals.model == model) & (evals.bytes_sent > 0)]
         curves(part, "bytes_sent", "test_accuracy", ax=ax, logx=True, title=model)
     fig.tight_layout()
-    show(fig)
+    show(rep, fig, "accuracy_vs_bytes")
     display(evals[["name", "model", "seed", "step", "bytes_sent", "test_accuracy"]]
             .sort_values(["model", "name", "seed", "step"]).reset_index(drop=True))
+
 
 # %% [markdown]
 # ## Selection time per layer size
@@ -344,9 +262,10 @@ else:
 # thread per worker): RedSync's policy (exact top-k, trimmed top-k, threshold binary search) and
 # dgc's exact top-k. When the selection benchmark's JSON exists its timings are shown beside them.
 
+
 # %%
 if sel.empty and bench.empty:
-    display(Markdown("_No selection timings yet._"))
+    nothing("No selection timings yet.")
 else:
     panels = [("training runs", sel.assign(source=sel.method))] if not sel.empty else []
     if not bench.empty:
@@ -357,9 +276,63 @@ else:
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("layer size (elements)")
-        ax.set_ylabel("ms per selection")
+        ax.set_ylabel("time per selection (ms)")
         ax.set_title(title)
     fig.tight_layout()
-    show(fig)
+    show(rep, fig, "selection_time")
     if not sel.empty:
         display(sel.groupby(["method", "selector", "n"], as_index=False).ms.mean().sort_values(["n", "method"]))
+
+
+# %% [markdown]
+# ## Details: how the claims are judged
+# 1. **Message about 0.1% of the gradient** (a consistency check: the density is the method's
+#    option) and **accuracy near dense** (abstract), per model, as two rows: the check uses
+#    `selected_fraction` (entries sent per step / elements of the compressed layers:
+#    the RGC messages); `sent_fraction` adds the tiny layers sent dense (over all parameters);
+#    bytes per step (steady state, between the first and last logged steps) also count the
+#    indices and the counts. Near dense: the final
+#    test accuracy within max(1 point, 2 s.d. over seeds) of `ssgd` on the same data.
+# 2. **Selection faster than exact top-k on large layers** (paper section on selection): mean
+#    milliseconds per call of RedSync's selectors against `dgc`'s exact top-k on the same layer sizes
+#    in the same training runs (`algo_select_ms_<selector>_n<size>`), and the selection benchmark
+#    when its JSON exists.
+# 3. **End-to-end gain largest for the high communication-to-computation model**: only meaningful on
+#    slow links; judged from runs on emulated links (`network` set), else from the throughput
+#    benchmark per model (`snakemake bench`: reports/bench/throughput_<model>.json), "not measured"
+#    when neither exists.
+
+
+# %%
+FINAL = ["name", "method", "model", "seed", "test_accuracy", "steps", "bytes_per_step", "algo_sent_fraction",
+         "algo_selected_fraction", "algo_selected_over_k", "selection_seconds", "wall_seconds"]
+if info.empty:
+    nothing("No finished runs yet: every claim above is `not measured`.")
+else:
+    display(info[[c for c in FINAL if c in info]].sort_values(["model", "name", "seed"]).reset_index(drop=True))
+
+
+# %% [markdown]
+# ## Method and scale
+#
+# Every worker adds its gradient to a momentum-corrected residual (`u = m*u + g; v = v + u`),
+# sends only about `density * n` entries of each layer's residual as (index, value) pairs in one
+# variable-length allgather, and zeroes what it sent in both `u` and `v` (momentum factor
+# masking); the averaged sparse gradient feeds a plain SGD step (PAPERS.md section 4). How the
+# entries are found depends on the layer's size: a threshold binary search above 4M elements,
+# trimmed top-k between 1M and 4M, exact top-k below, dense for layers of at most 1024 elements.
+# `dgc` is the same compressor with exact top-k everywhere; `ssgd` is the dense reference.
+#
+# **What the default (laptop) grid trims.** The paper trains CIFAR-10 ResNet-44/VGG-16, ImageNet
+# nets and LSTMs on up to 128 GPUs. Here: Fashion-MNIST, 4 CPU workers, ResNet-20 (compute-heavy)
+# and `wide_mlp` (communication-heavy: 1.86M parameters in two large fully connected layers),
+# density 0.1%, **one seed, two epochs over a subset** (6,144 samples for ResNet-20: 96 steps of
+# 4 x 32; 12,288 for wide_mlp: 192 steps) and 2,000 test images, so that the whole grid fits the
+# pipeline's time budget on a 2-core machine. Laptop layers are small, so for wide_mlp the size
+# thresholds are scaled (binary search above 1M elements, trimmed top-k above 250k) to exercise
+# both RedSync selectors; every ResNet-20 layer stays below them. A hundred or two steps at 0.1%
+# density are far fewer than the paper's 160 epochs: accuracy gaps here measure early training,
+# where residual methods lag most (and ResNet-20's batch-norm statistics still move fast, so its
+# early test accuracy is erratic).
+# `laptop_full` (3 seeds, full training set, 2 epochs, plus dgc on ResNet-20 and the quantised,
+# threshold-reuse and warm-up variants) and `paper` are in `config/papers/redsync.yaml`.

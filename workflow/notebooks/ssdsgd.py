@@ -10,69 +10,31 @@
 #     name: python3
 # ---
 
-# %% [markdown]
-# # SSD-SGD and OD-SGD: delayed global updates with local compensation
-#
-# Xu et al., *OD-SGD* (arXiv 2005.06728) and *SSD-SGD* (arXiv 2012.05396); PAPERS.md section 5.
-# Every rank keeps a **global replica**, updated every step by synchronous SGD on the
-# allreduce-averaged gradients (the allreduce overlaps the next steps' compute), and a **local
-# replica** that computes gradients and moves with the worker's own gradient through a local rule
-# at 4x the global learning rate; every k steps (OD-SGD: k = 1) the local replica is overwritten
-# by the global one. The first steps are synchronous (warm-up). Local rules: `sgd` (plain local
-# SGD), `dcasgd` (DC-ASGD delay compensation), `glu` (global gradient for local update; our
-# reconstruction: mix the own gradient with the latest averaged gradient).
-#
-# **What is trimmed at laptop scale** (the default pipeline has a 45-minute budget on 2 cores):
-# 2 seeds instead of 3, 9,600 training samples, 2 epochs (150 steps at 4 workers x 32), warm-up
-# scaled to the short run (10 steps for OD-SGD, 25 for SSD-SGD instead of 200/500), and five variants
-# (SSGD, OD-SGD+GLU, SSD-SGD k=2+GLU, and k=5 with GLU and plain local SGD) instead of the full
-# 3 x 3 grid. `--scale laptop_full` runs the full grid (3 seeds, all of Fashion-MNIST, every local
-# rule for OD-SGD and SSD-SGD k = 2, 5, and SSD-SGD without warm-up).
-#
-# **Learning-rate schedule.** Laptop runs keep the project's constant learning rate. A cosine
-# schedule over 187 steps (12,000 samples) was tried once (2 seeds): SSGD 82.6%, OD-SGD 80.1%, SSD-SGD
-# k=2 80.2%, k=5 77.9% (GLU), i.e. the delayed methods, slower in the first steps after warm-up,
-# are annealed before they catch up; with a constant rate OD-SGD ends level with SSGD. The papers'
-# step schedules decay only after many epochs (80 of 160 on CIFAR-10).
-#
-# **Speed.** The training runs below are on loopback: 4 worker processes on a 2-core machine, where
-# an allreduce of the 220k-parameter CNN costs little next to compute, and there is no idle core for
-# the overlapped allreduce to run on (its CPU work competes with compute). The papers' speed-ups
-# come from slow networks (parameter servers over 1-10 Gbit/s): the speed claims are judged on
-# emulated 1 Gbit/s and 100 Mbit/s links, from the throughput benchmark (`snakemake bench`,
-# reports/bench/throughput.json) when it has run; the loopback numbers are shown beside them.
 
 # %% tags=["parameters"]
 paper = "ssdsgd"
 out_dir = "reports"
 tracking_uri = None
+scale = None
+
 
 # %%
-# ruff: noqa: E402  (a notebook: imports follow the parameters cell)
+# ruff: noqa: E402 - a notebook imports after its parameters cell
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
-from commlab.grid import grid_title
 from commlab.report.bench import dense_comm_share, faster_on_slow_links, load_bench, provenance, throughput_ratios
-from commlab.report.claims import Claim, claims_frame, mean_sd, write_claims
-from commlab.report.collect import load_history, load_runs, wide_history
+from commlab.report.claims import Claim, mean_sd
 from commlab.report.figures import curves
+from commlab.report.notebook import nothing, open_report, show, show_claims, wide_history
 
-try:
-    title = grid_title(paper)
-except Exception:  # noqa: BLE001 - the report must build even away from the repository root
-    title = "SSD-SGD and OD-SGD: delayed global updates with local compensation (Xu et al.)"
-runs = load_runs(paper, tracking_uri)
-print(f"{len(runs)} finished runs: {sorted(runs['name'].unique()) if len(runs) else []}")
+METRICS = ["test_accuracy", "wall_seconds", "samples", "train_loss"]
+rep = open_report(paper, out_dir, tracking_uri, scale, METRICS)
+runs, long = rep.runs, rep.history
 
-# %% [markdown]
-# ## Runs: final accuracy, wall-clock time and time blocked on communication
-# Blocked time is the time a step waits for communication: the whole of a synchronous allreduce
-# (`comm_seconds`, which for asynchronous collectives holds only their launch) plus the waits on
-# asynchronous ones (`blocked_seconds`).
 
 # %%
 def _col(frame: pd.DataFrame, name: str) -> pd.Series:
@@ -83,22 +45,7 @@ if len(runs):
     runs = runs.assign(
         blocked_share=(_col(runs, "comm_seconds").fillna(0) + _col(runs, "blocked_seconds").fillna(0))
         / _col(runs, "wall_seconds"))
-    spec = {"seeds": ("seed", "count"), "test_accuracy": ("test_accuracy", "mean"),
-            "accuracy_sd": ("test_accuracy", "std"), "wall_seconds": ("wall_seconds", "mean"),
-            "blocked_share": ("blocked_share", "mean")}
-    for label, metric in (("staleness_mean", "algo_staleness_mean"),
-                          ("refresh_distance", "algo_refresh_distance_mean"),
-                          ("overlapped_seconds", "algo_overlapped_seconds")):
-        if metric in runs:
-            spec[label] = (metric, "mean")
-    table = runs.groupby("name").agg(**spec).round(4)
-    display(table)
-else:
-    print("no runs yet: run `commlab grid ssdsgd --run` (or the workflow) first")
 
-
-# %% [markdown]
-# ## Claims
 
 # %%
 def values(name: str, metric: str) -> pd.Series:
@@ -254,12 +201,10 @@ else:
     verdict = "reproduced" if gain.mean() >= 0.5 else "partly reproduced" if gain.mean() > 0 else "not reproduced"
 claims.append(Claim(
     "The synchronous warm-up stage is needed", "SSD-SGD abstract and ablation",
-    ours, verdict, "Warm-up scaled to the run length (see above)."))
+    ours, verdict, "Warm-up scaled to the run length (see Method and scale below)."))
 
-frame = claims_frame(claims)
-write_claims(paper, title, claims, out_dir)
-with pd.option_context("display.max_colwidth", None):
-    display(frame)
+show_claims(rep, claims)
+
 
 # %% [markdown]
 # ## Figures
@@ -267,12 +212,11 @@ with pd.option_context("display.max_colwidth", None):
 # (same data, so the curves show per-sample efficiency), and the share of wall-clock time blocked
 # on communication.
 
+
 # %%
-long = load_history(runs, ["test_accuracy", "wall_seconds", "samples", "train_loss"], tracking_uri) \
-    if len(runs) else pd.DataFrame()
-history = wide_history(long) if len(long) else pd.DataFrame()
+history = wide_history(long)
 if history.empty or "test_accuracy" not in history:
-    print("no history to plot")
+    nothing("No history to plot.")
 else:
     # Accuracy exists only at evaluations: keep those rows (wall-clock and samples forward-filled
     # from the last logged step), one line per seed on the wall-clock axis (seeds differ in time).
@@ -281,7 +225,7 @@ else:
     fig, axes = plt.subplots(1, 3, figsize=(17, 4.2))
     sns.lineplot(data=at_eval, x="wall_seconds", y="test_accuracy", hue="name", units="seed",
                  estimator=None, marker="o", ax=axes[0])
-    axes[0].set(xlabel="wall-clock seconds (training loop)", ylabel="test accuracy (%)",
+    axes[0].set(xlabel="wall-clock time of the training loop (s)", ylabel="test accuracy (%)",
                 title="accuracy vs wall-clock (loopback, one line per seed)")
     curves(at_eval, "samples", "test_accuracy", ax=axes[1], title="accuracy vs samples")
     curves(history, "samples", "train_loss", ax=axes[2], title="training loss (local replica)")
@@ -289,7 +233,8 @@ else:
         if ax.get_legend():
             ax.get_legend().remove()
     fig.tight_layout()
-    plt.show()
+    show(rep, fig, "accuracy_vs_time")
+
 
 # %%
 if len(runs) and runs["blocked_share"].notna().any():
@@ -300,6 +245,61 @@ if len(runs) and runs["blocked_share"].notna().any():
     ax.set_xlabel("")
     ax.tick_params(axis="x", rotation=30)
     fig.tight_layout()
-    plt.show()
+    show(rep, fig, "blocked_share")
 else:
-    print("no runs: blocked-time share not plotted")
+    nothing("No runs: blocked-time share not plotted.")
+
+
+# %% [markdown]
+# ## Details: final accuracy, wall-clock time and time blocked on communication
+# Blocked time is the time a step waits for communication: the whole of a synchronous allreduce
+# (`comm_seconds`, which for asynchronous collectives holds only their launch) plus the waits on
+# asynchronous ones (`blocked_seconds`).
+
+
+# %%
+if len(runs):
+    spec = {"seeds": ("seed", "count"), "test_accuracy": ("test_accuracy", "mean"),
+            "accuracy_sd": ("test_accuracy", "std"), "wall_seconds": ("wall_seconds", "mean"),
+            "blocked_share": ("blocked_share", "mean")}
+    for label, metric in (("staleness_mean", "algo_staleness_mean"),
+                          ("refresh_distance", "algo_refresh_distance_mean"),
+                          ("overlapped_seconds", "algo_overlapped_seconds")):
+        if metric in runs:
+            spec[label] = (metric, "mean")
+    display(runs.groupby("name").agg(**spec).round(4))
+else:
+    nothing("No runs yet: run `commlab grid ssdsgd --run` (or the workflow) first.")
+
+
+# %% [markdown]
+# ## Method and scale
+#
+# Xu et al., *OD-SGD* (arXiv 2005.06728) and *SSD-SGD* (arXiv 2012.05396); PAPERS.md section 5.
+# Every rank keeps a **global replica**, updated every step by synchronous SGD on the
+# allreduce-averaged gradients (the allreduce overlaps the next steps' compute), and a **local
+# replica** that computes gradients and moves with the worker's own gradient through a local rule
+# at 4x the global learning rate; every k steps (OD-SGD: k = 1) the local replica is overwritten
+# by the global one. The first steps are synchronous (warm-up). Local rules: `sgd` (plain local
+# SGD), `dcasgd` (DC-ASGD delay compensation), `glu` (global gradient for local update; our
+# reconstruction: mix the own gradient with the latest averaged gradient).
+#
+# **What is trimmed at laptop scale** (the default pipeline has a 45-minute budget on 2 cores):
+# 2 seeds instead of 3, 9,600 training samples, 2 epochs (150 steps at 4 workers x 32), warm-up
+# scaled to the short run (10 steps for OD-SGD, 25 for SSD-SGD instead of 200/500), and five variants
+# (SSGD, OD-SGD+GLU, SSD-SGD k=2+GLU, and k=5 with GLU and plain local SGD) instead of the full
+# 3 x 3 grid. `--scale laptop_full` runs the full grid (3 seeds, all of Fashion-MNIST, every local
+# rule for OD-SGD and SSD-SGD k = 2, 5, and SSD-SGD without warm-up).
+#
+# **Learning-rate schedule.** Laptop runs keep the project's constant learning rate. A cosine
+# schedule over 187 steps (12,000 samples) was tried once (2 seeds): SSGD 82.6%, OD-SGD 80.1%, SSD-SGD
+# k=2 80.2%, k=5 77.9% (GLU), i.e. the delayed methods, slower in the first steps after warm-up,
+# are annealed before they catch up; with a constant rate OD-SGD ends level with SSGD. The papers'
+# step schedules decay only after many epochs (80 of 160 on CIFAR-10).
+#
+# **Speed.** The training runs below are on loopback: 4 worker processes on a 2-core machine, where
+# an allreduce of the 220k-parameter CNN costs little next to compute, and there is no idle core for
+# the overlapped allreduce to run on (its CPU work competes with compute). The papers' speed-ups
+# come from slow networks (parameter servers over 1-10 Gbit/s): the speed claims are judged on
+# emulated 1 Gbit/s and 100 Mbit/s links, from the throughput benchmark (`snakemake bench`,
+# reports/bench/throughput.json) when it has run; the loopback numbers are shown beside them.

@@ -1,7 +1,9 @@
 """Reports: each paper's notebook executed against MLflow, exported to HTML, then the index.
 
 `commlab report` (src/commlab/report/build.py) turns workflow/notebooks/<paper>.py into
-reports/<paper>/report.html and claims.json; the index gathers every claims table. The rules
+reports/<paper>/report.html, claims.json and runs.csv, from the runs of the configured scale
+(`scale` in the config: runs carry a `scale` tag); the index gathers every claims table and draws
+every paper's runs on the cross-paper charts. The rules
 depend on the runs' sentinels (never on mlflow.db, which every job changes) and on the benchmark
 results of the paper's speed claims (measured by the run where emulated links are available, or
 present in reports/bench/).
@@ -29,6 +31,7 @@ rule paper_report:
         ),
         notebook="reports/{paper}/report.ipynb",
         claims="reports/{paper}/claims.json",
+        runs="reports/{paper}/runs.csv",
     log:
         "logs/report/{paper}.log",
     priority: 1000  # before any training job (common.smk: paper_priority)
@@ -38,16 +41,19 @@ rule paper_report:
     params:
         out=lambda wildcards, output: Path(output.html).parent.parent,
         notebooks=lambda wildcards, input: Path(input.notebook).parent,
+        scale=config["scale"],
     shell:
         "python -m commlab report --paper {wildcards.paper} --out {params.out} "
-        "--notebooks {params.notebooks} --results results > {log} 2>&1"
+        "--notebooks {params.notebooks} --results results --scale {params.scale} > {log} 2>&1"
 
 
 rule report_index:
-    """reports/index.html: a link to every paper's report and all claims tables in one."""
+    """reports/index.html: a link to every paper's report, all claims tables in one, and every
+    method of every paper on charts of accuracy against bytes sent and against time."""
     input:
         claims=expand("reports/{paper}/claims.json", paper=config["papers"]),
         html=expand("reports/{paper}/report.html", paper=config["papers"]),
+        runs=expand("reports/{paper}/runs.csv", paper=config["papers"]),
     output:
         report("reports/index.html", caption="../report/index.rst", category="Index"),
     log:

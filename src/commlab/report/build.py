@@ -3,12 +3,17 @@
     commlab report --paper baseline [--paper kstep]    reports/<paper>/report.html, report.ipynb, claims.json
     commlab report --index                             reports/index.html
     commlab report --paper baseline --index --out /tmp/reports --notebooks workflow/notebooks
+    commlab report --paper kstep --scale smoke         only the runs tagged with that scale
 
 A paper's report is ``workflow/notebooks/<paper>.py`` (jupytext percent format) executed by
-papermill with the parameters ``paper``, ``out_dir`` and ``tracking_uri``, then exported to HTML
-by nbconvert. The notebook writes ``<out>/<paper>/claims.json`` through
-:func:`commlab.report.claims.write_claims`; the index links every ``<out>/*/report.html`` and
-gathers every ``<out>/*/claims.json`` into one summary table.
+papermill with the parameters ``paper``, ``out_dir``, ``tracking_uri`` and ``scale``, then
+exported to HTML by nbconvert without the code (the executed ``report.ipynb`` beside it has it).
+The notebook's prologue (:mod:`commlab.report.notebook`) writes ``<out>/<paper>/claims.json`` and
+``runs.csv``; the index links every ``<out>/*/report.html``, gathers every claims table into one,
+and draws every run of every paper on two cross-paper charts (:mod:`commlab.report.index`).
+
+Whatever a notebook writes to stderr (a library's warning) goes to the build's log, not into the
+HTML: the report shows results.
 
 The kernel is this very interpreter: a kernelspec pointing at ``sys.executable`` is written to a
 temporary folder on ``JUPYTER_PATH`` (which comes before user and system kernelspecs), so a fresh
@@ -18,18 +23,16 @@ machine or CI needs no ``ipykernel install`` and a user's own ``python3`` kernel
 from __future__ import annotations
 
 import contextlib
-import html
 import json
 import os
 import re
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 
+from commlab.report.index import build_index  # noqa: F401 - `commlab report --index`, and its old home
+
 KERNEL_NAME = "commlab-python"
-VERDICT_COLOURS = {"reproduced": "#d4edda", "partly reproduced": "#fff3cd", "not reproduced": "#f8d7da",
-                   "not measured": "#e2e3e5", "consistent": "#d1ecf1", "inconsistent": "#f5c6cb"}
 
 
 class ReportError(RuntimeError):
@@ -65,7 +68,7 @@ def sentinel_runs(results: Path, paper: str) -> dict[tuple[str, int], str | None
     return runs
 
 
-def check_sentinels(paper: str, results: Path, uri: str) -> list[str]:
+def check_sentinels(paper: str, results: Path, uri: str, scale: str | None = None) -> list[str]:
     """Warnings where the report's runs (newest finished per name and seed) are not the ones the
     training jobs recorded, e.g. after a manual rerun into the same store."""
     recorded = sentinel_runs(results, paper)
@@ -73,7 +76,7 @@ def check_sentinels(paper: str, results: Path, uri: str) -> list[str]:
         return []
     from commlab.report.collect import load_runs
 
-    runs = load_runs(paper, uri=uri)
+    runs = load_runs(paper, uri=uri, scale=scale)
     newest = {(r.name, int(r.seed)): r.run_id for r in runs.itertuples()}
     warnings = []
     for key, run_id in sorted(recorded.items()):
@@ -85,17 +88,40 @@ def check_sentinels(paper: str, results: Path, uri: str) -> list[str]:
     return warnings
 
 
+def move_stderr(notebook, log=sys.stderr) -> int:
+    """Take the stderr streams out of the executed notebook's outputs and write them to ``log``;
+    return how many there were."""
+    moved = 0
+    for index, cell in enumerate(notebook.cells):
+        kept = []
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream" and output.get("name") == "stderr":
+                print(f"[cell {index}] {output.get('text', '').rstrip()}", file=log)
+                moved += 1
+            else:
+                kept.append(output)
+        if "outputs" in cell:
+            cell["outputs"] = kept
+    return moved
+
+
 def export_html(notebook, target: Path, title: str) -> None:
+    """The executed notebook as HTML without code, prompts or stderr."""
     from nbconvert import HTMLExporter
 
+    move_stderr(notebook)
+    # Without their code, cells that print nothing would only leave blank space.
+    notebook.cells = [c for c in notebook.cells if c.cell_type != "code" or c.get("outputs")]
     exporter = HTMLExporter(template_name="lab")
+    exporter.exclude_input = True
     exporter.exclude_input_prompt = True
     exporter.exclude_output_prompt = True
     body, _ = exporter.from_notebook_node(notebook, resources={"metadata": {"name": title}})
     target.write_text(body, encoding="utf-8")
 
 
-def build_paper(paper: str, out: Path, notebooks: Path, uri: str, cwd: Path | None = None) -> Path:
+def build_paper(paper: str, out: Path, notebooks: Path, uri: str, cwd: Path | None = None,
+                scale: str | None = None) -> Path:
     """Execute ``notebooks/<paper>.py`` into ``out/<paper>/`` and export HTML; return the HTML path."""
     import jupytext
     import nbformat
@@ -112,7 +138,7 @@ def build_paper(paper: str, out: Path, notebooks: Path, uri: str, cwd: Path | No
     claims.unlink(missing_ok=True)  # a stale table must never pass for this run's
     executed = folder / "report.ipynb"
     notebook = jupytext.read(source)
-    params = {"paper": paper, "out_dir": str(out.resolve()), "tracking_uri": uri}
+    params = {"paper": paper, "out_dir": str(out.resolve()), "tracking_uri": uri, "scale": scale}
     failure = None
     with this_interpreter_kernel() as kernel:
         try:
@@ -131,60 +157,6 @@ def build_paper(paper: str, out: Path, notebooks: Path, uri: str, cwd: Path | No
     return html_path
 
 
-def _table(headers: list[str], rows: list[list[str]], verdict_col: int | None = None) -> str:
-    """An HTML table; cells are already escaped HTML."""
-    out = ["<table>", "<tr>" + "".join(f"<th>{h}</th>" for h in headers) + "</tr>"]
-    for row in rows:
-        cells = []
-        for i, cell in enumerate(row):
-            style = ""
-            if i == verdict_col:
-                style = f' style="background:{VERDICT_COLOURS.get(html.unescape(cell), "#ffffff")}"'
-            cells.append(f"<td{style}>{cell}</td>")
-        out.append("<tr>" + "".join(cells) + "</tr>")
-    out.append("</table>")
-    return "\n".join(out)
-
-
-def build_index(out: Path) -> Path:
-    """``out/index.html``: every paper's report and every claims table, in one page."""
-    e = html.escape
-    papers = sorted({p.parent.name for pattern in ("*/report.html", "*/claims.json") for p in out.glob(pattern)})
-    summary, claim_rows = [], []
-    for paper in papers:
-        claims_path = out / paper / "claims.json"
-        data = json.loads(claims_path.read_text()) if claims_path.exists() else {"title": "", "claims": []}
-        counts = Counter(c.get("verdict", "") for c in data.get("claims", []))
-        link = e(paper)
-        if (out / paper / "report.html").exists():
-            link = f'<a href="{e(paper)}/report.html">{e(paper)}</a>'
-        tally = ", ".join(f"{n} {e(v)}" for v, n in sorted(counts.items())) or "no claims table"
-        summary.append([link, e(data.get("title", "")), str(len(data.get("claims", []))), tally])
-        for c in data.get("claims", []):
-            claim_rows.append([link] + [e(str(c.get(k, ""))) for k in ("claim", "paper", "ours", "verdict", "note")])
-    style = ("body{font-family:sans-serif;margin:2em;max-width:75em}table{border-collapse:collapse;margin:1em 0}"
-             "td,th{border:1px solid #bbb;padding:.35em .6em;vertical-align:top;text-align:left}"
-             "th{background:#f0f0f0}")
-    page = [
-        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>commlab reports</title><style>{style}</style></head><body>",
-        "<h1>commlab: reproduction reports</h1>",
-        "<p>Each paper's report shows its runs from MLflow (mean and spread over seeds) and a claims "
-        "table: the paper's claim, its figure, our measurement at our scale, and a verdict computed "
-        "from the numbers.</p>",
-        "<h2>Papers</h2>",
-        _table(["paper", "title", "claims", "verdicts"], summary) if summary else "<p>No reports yet.</p>",
-        "<h2>All claims</h2>",
-        _table(["paper", "claim", "paper's figure", "ours", "verdict", "note"], claim_rows, verdict_col=4)
-        if claim_rows else "<p>No claims tables yet.</p>",
-        "</body></html>",
-    ]
-    out.mkdir(parents=True, exist_ok=True)
-    target = out / "index.html"
-    target.write_text("\n".join(page) + "\n", encoding="utf-8")
-    return target
-
-
 def main(args) -> int:
     """Entry point of ``commlab report`` (args: paper list, index, out, notebooks, results)."""
     from commlab.tracking import tracking_uri
@@ -195,11 +167,12 @@ def main(args) -> int:
     out, notebooks, results = Path(args.out), Path(args.notebooks), Path(args.results)
     uri = tracking_uri()
     status = 0
+    scale = getattr(args, "scale", None)
     for paper in args.paper:
-        for warning in check_sentinels(paper, results, uri):
+        for warning in check_sentinels(paper, results, uri, scale):
             print(f"commlab report: warning: {warning}", file=sys.stderr)
         try:
-            path = build_paper(paper, out, notebooks, uri)
+            path = build_paper(paper, out, notebooks, uri, scale=scale)
             print(f"{paper}: {path}")
         except ReportError as err:
             print(f"commlab report: {err}", file=sys.stderr)

@@ -7,11 +7,15 @@ summary. Verdicts are one of ``VERDICTS``; "not measured" is honest when a run i
 A statement that holds by construction (a byte count given by a formula, a density the method is
 set to) is no reproduction of a paper: it is a consistency check of our own accounting, with the
 verdict ``consistent`` or ``inconsistent`` (``CHECKS``), listed apart from the paper's claims.
+
+Each claim says how many seeds stand behind its means (``seeds``, e.g. "n=3" or "n=1-3"): given
+by the notebook, or else read from the "(n=…)" that :func:`mean_sd` writes into ``ours``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,6 +24,9 @@ import pandas as pd
 REPRODUCTION = ("reproduced", "partly reproduced", "not reproduced", "not measured")
 CHECKS = ("consistent", "inconsistent")  # statements that hold by construction
 VERDICTS = REPRODUCTION + CHECKS
+VERDICT_COLOURS = {"reproduced": "#d4edda", "partly reproduced": "#fff3cd", "not reproduced": "#f8d7da",
+                   "not measured": "#e2e3e5", "consistent": "#d1ecf1", "inconsistent": "#f5c6cb"}
+_N = re.compile(r"\(n=(\d+)\)")
 
 
 @dataclass
@@ -29,10 +36,15 @@ class Claim:
     ours: str  # our measurement at our scale, with the spread over seeds
     verdict: str  # one of VERDICTS
     note: str = ""  # why, and where our setting differs
+    seeds: str = ""  # seeds behind the means in ``ours``: "n=3", "n=1-3"; "" where none
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+        if self.verdict == "not measured":
+            self.seeds = ""  # no mean to stand behind
+        elif not self.seeds:
+            self.seeds = seeds_label(int(n) for n in _N.findall(self.ours))
 
     @property
     def is_check(self) -> bool:
@@ -53,6 +65,14 @@ def mean_sd(values) -> str:
         return "no runs"
     sd = s.std(ddof=1) if len(s) > 1 else 0.0
     return f"{s.mean():.4g} ± {sd:.2g} (n={len(s)})"
+
+
+def seeds_label(counts) -> str:
+    """'n=3' when every mean has as many seeds, 'n=1-3' otherwise, '' without any."""
+    counts = sorted(set(counts))
+    if not counts:
+        return ""
+    return f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]}-{counts[-1]}"
 
 
 def claims_frame(claims: list[Claim]) -> pd.DataFrame:

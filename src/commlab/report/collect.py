@@ -1,8 +1,15 @@
 """MLflow runs -> tidy pandas tables, the input of every report notebook.
 
-``load_runs(paper)`` returns one row per (name, seed): the newest FINISHED run (re-running a job
-adds a run beside the old one; reports pick the newest). ``load_history(runs, metrics)`` returns
-the per-step values of those runs in long form: run_id, name, method, seed, metric, step, value.
+``load_runs(paper, scale=...)`` returns one row per (name, seed): the newest FINISHED run at that
+scale (re-running a job adds a run beside the old one; reports pick the newest).
+
+Scale: runs carry a ``scale`` tag (smoke, laptop, laptop_full, paper). ``load_runs`` keeps the
+runs tagged with the asked scale; runs without the tag (made before runs were tagged) count as
+that scale only when no run of the experiment carries a ``scale`` tag at all. ``scale=None``
+keeps every run.
+
+``load_history(runs, metrics)`` returns the per-step values of those runs in long form: run_id,
+name, method, seed, metric, step, value (commlab.report.notebook.wide_history pivots it).
 """
 
 from __future__ import annotations
@@ -11,12 +18,15 @@ import pandas as pd
 
 from commlab.tracking import client
 
-RUN_COLUMNS = ["run_id", "name", "method", "seed", "workers", "status", "start_time"]
+RUN_COLUMNS = ["run_id", "name", "method", "seed", "workers", "model", "dataset", "scale", "network", "status",
+               "start_time"]
 
 
-def load_runs(paper: str, uri: str | None = None, status: str = "FINISHED") -> pd.DataFrame:
-    """Newest ``status`` run per (name, seed) of the paper's experiment, with final metrics as
-    columns (``test_accuracy``, ``bytes_sent``, ...) and params as ``param.<key>`` columns."""
+def load_runs(paper: str, uri: str | None = None, status: str = "FINISHED", scale: str | None = None) -> pd.DataFrame:
+    """Newest ``status`` run per (name, seed) of the paper's experiment at ``scale``, with final
+    metrics as columns (``test_accuracy``, ``bytes_sent``, ...), params as ``param.<key>``
+    columns, and the tags model, dataset, scale and network (the emulated link's label; None on
+    loopback)."""
     c = client(uri)
     exp = c.get_experiment_by_name(paper)
     if exp is None:
@@ -28,13 +38,19 @@ def load_runs(paper: str, uri: str | None = None, status: str = "FINISHED") -> p
         tags = run.data.tags
         row = {"run_id": run.info.run_id, "name": tags.get("name"), "method": tags.get("method"),
                "seed": int(tags.get("seed", -1)), "workers": int(tags.get("workers", 0)),
-               "status": run.info.status, "start_time": run.info.start_time}
+               "model": tags.get("model"), "dataset": tags.get("dataset"), "scale": tags.get("scale"),
+               "network": tags.get("network"), "status": run.info.status, "start_time": run.info.start_time}
         row.update(run.data.metrics)
         row.update({f"param.{k}": v for k, v in run.data.params.items()})
         rows.append(row)
     if not rows:
         return pd.DataFrame(columns=RUN_COLUMNS)
     df = pd.DataFrame(rows).sort_values("start_time")
+    if scale is not None:
+        tagged = df.scale.notna()
+        df = df[df.scale == scale] if tagged.any() else df
+        if df.empty:
+            return pd.DataFrame(columns=RUN_COLUMNS)
     return df.groupby(["name", "seed"], as_index=False).last().reset_index(drop=True)
 
 
@@ -48,17 +64,3 @@ def load_history(runs: pd.DataFrame, metrics: list[str], uri: str | None = None)
                 rows.append({"run_id": run.run_id, "name": run.name, "method": run.method,
                              "seed": run.seed, "metric": metric, "step": m.step, "value": m.value})
     return pd.DataFrame(rows, columns=["run_id", "name", "method", "seed", "metric", "step", "value"])
-
-
-def wide_history(history: pd.DataFrame) -> pd.DataFrame:
-    """Long history -> one row per (run, step) with one column per metric (forward-filled within
-    a run, since evaluation metrics exist only at epoch ends)."""
-    if history.empty:
-        return history
-    wide = history.pivot_table(index=["run_id", "name", "method", "seed", "step"], columns="metric",
-                               values="value").reset_index()
-    wide.columns.name = None
-    wide = wide.sort_values(["run_id", "step"]).reset_index(drop=True)
-    cols = [c for c in wide.columns if c not in ("run_id", "name", "method", "seed", "step")]
-    wide[cols] = wide.groupby("run_id")[cols].ffill()
-    return wide

@@ -10,11 +10,13 @@ import pandas as pd
 import seaborn as sns
 
 AXIS_LABELS = {
-    "samples": "samples processed", "bytes_sent": "bytes sent per rank",
-    "reductions_global": "global reductions", "wall_seconds": "wall-clock seconds",
+    "samples": "samples processed", "bytes_sent": "data sent per rank (MB)",
+    "reductions_global": "global reductions", "wall_seconds": "wall-clock time (s)",
     "train_loss": "training loss", "test_accuracy": "test accuracy (%)", "test_loss": "test loss",
-    "step": "step",
+    "step": "training step",
 }
+#: Columns drawn in another unit than logged: bytes are shown in MB.
+AXIS_SCALE = {"bytes_sent": 1e6}
 
 
 def curves(wide: pd.DataFrame, x: str, y: str, hue: str = "name", ax=None, logx: bool = False,
@@ -23,6 +25,7 @@ def curves(wide: pd.DataFrame, x: str, y: str, hue: str = "name", ax=None, logx:
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
     data = wide.dropna(subset=[x, y])
+    data = data.assign(**{c: data[c] / AXIS_SCALE[c] for c in (x, y) if c in AXIS_SCALE})
     if not data.empty:
         sns.lineplot(data=data, x=x, y=y, hue=hue, errorbar="sd", ax=ax, marker="o", markersize=3)
     ax.set_xlabel(AXIS_LABELS.get(x, x))

@@ -1,0 +1,161 @@
+"""reports/index.html: every paper's report, every claims table, and a cross-paper view.
+
+The index reads what each paper's report wrote beside its HTML: ``claims.json`` (the claims and
+verdicts, with the seeds behind each mean) and ``runs.csv`` (each run's final test accuracy,
+bytes sent by a worker and wall-clock time, and its link). From the runs it draws what no single
+report shows: every method of every paper on one chart of final test accuracy against bytes sent
+per worker, and on one against wall-clock time: the time on an emulated link where the run had
+one (its ``network`` tag names the link), else on loopback, and the legend says which.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from commlab.report.claims import VERDICT_COLOURS
+
+CHART_DPI = 150
+
+
+def _table(headers: list[str], rows: list[list[str]], verdict_col: int | None = None, css: str = "") -> str:
+    """An HTML table; cells are already escaped HTML."""
+    out = [f'<table class="{css}">' if css else "<table>",
+           "<tr>" + "".join(f"<th>{h}</th>" for h in headers) + "</tr>"]
+    for row in rows:
+        cells = []
+        for i, cell in enumerate(row):
+            style = ""
+            if i == verdict_col:
+                style = f' style="background:{VERDICT_COLOURS.get(html.unescape(cell), "#ffffff")}"'
+            cells.append(f"<td{style}>{cell}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "\n".join(out)
+
+
+def load_summaries(out: Path) -> pd.DataFrame:
+    """Every report's runs.csv, one row per run; the link is 'loopback' where none was emulated."""
+    frames = [pd.read_csv(p) for p in sorted(out.glob("*/runs.csv")) if p.stat().st_size]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return pd.DataFrame()
+    runs = pd.concat(frames, ignore_index=True)
+    runs["link"] = runs["network"].astype(object).where(runs["network"].notna(), "loopback").astype(str)
+    runs.loc[runs.link != "loopback", "link"] = "emulated " + runs.link
+    return runs
+
+
+def cross_paper_points(runs: pd.DataFrame, x: str) -> pd.DataFrame:
+    """Mean over seeds per (paper, run name, link) of final test accuracy and ``x``."""
+    data = runs.dropna(subset=["test_accuracy", x])
+    if data.empty:
+        return pd.DataFrame(columns=["paper", "name", "link", "test_accuracy", x, "seeds"])
+    return data.groupby(["paper", "name", "link"], as_index=False).agg(
+        test_accuracy=("test_accuracy", "mean"), **{x: (x, "mean")}, seeds=("seed", "nunique"))
+
+
+def cross_paper_figure(runs: pd.DataFrame, x: str, xlabel: str, scale_x: float = 1.0):
+    """Final test accuracy against ``x`` (divided by ``scale_x``): colour = paper, marker = link,
+    each point labelled with its run name."""
+    import matplotlib.pyplot as plt
+
+    points = cross_paper_points(runs, x)
+    fig, ax = plt.subplots(figsize=(10, 6))
+    markers = dict(zip(sorted(points.link.unique()), "osD^v<>", strict=False))
+    colours = plt.get_cmap("tab10")
+    for i, (paper, g) in enumerate(points.groupby("paper")):
+        for link, h in g.groupby("link"):
+            ax.scatter(h[x] / scale_x, h.test_accuracy, color=colours(i % 10), marker=markers.get(link, "o"),
+                       s=36, label=f"{paper} ({link})", alpha=0.85, edgecolors="black", linewidths=0.4)
+            for row in h.itertuples():
+                ax.annotate(row.name, (getattr(row, x) / scale_x, row.test_accuracy), fontsize=6,
+                            xytext=(3, 2), textcoords="offset points", color=colours(i % 10))
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("final test accuracy (%)")
+    ax.grid(True, which="major", alpha=0.3)
+    if len(points):
+        ax.legend(fontsize=7, loc="best", title="paper (link)", title_fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _png(fig) -> str:
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=CHART_DPI, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def cross_paper_html(out: Path) -> str:
+    """The two cross-paper charts as embedded PNGs (an explanation where no run has a result)."""
+    runs = load_summaries(out)
+    if runs.empty or runs.test_accuracy.dropna().empty:
+        return '<p id="cross-paper">No run with a final test accuracy yet.</p>'
+    links = sorted(runs.link.unique())
+    time_label = ("wall-clock time of the training loop (s; " + ", ".join(links) + ")")
+    charts = [("bytes", "bytes_sent", "data sent by one worker (MB, log scale)", 1e6),
+              ("time", "wall_seconds", time_label + ", log scale", 1.0)]
+    parts = ['<div id="cross-paper">']
+    for key, column, label, scale in charts:
+        fig = cross_paper_figure(runs, column, label, scale)
+        parts.append(f'<figure><img class="cross-paper-{key}" alt="final test accuracy against {html.escape(label)}" '
+                     f'width="960" src="data:image/png;base64,{_png(fig)}"></figure>')
+    parts.append("<p><small>Each point: one run variant of one paper, mean over its seeds. Papers train "
+                 "different models on different subsets, so compare methods within a colour; across colours the "
+                 "chart shows where each paper's methods sit. Time on loopback is measured on a shared machine "
+                 "where computation dominates; only emulated links speak to a network's speed.</small></p>")
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
+def build_index(out: Path) -> Path:
+    """``out/index.html``: every paper's report, every claims table and the cross-paper charts."""
+    e = html.escape
+    papers = sorted({p.parent.name for pattern in ("*/report.html", "*/claims.json") for p in out.glob(pattern)})
+    summary, claim_rows = [], []
+    for paper in papers:
+        claims_path = out / paper / "claims.json"
+        data = json.loads(claims_path.read_text()) if claims_path.exists() else {"title": "", "claims": []}
+        counts = Counter(c.get("verdict", "") for c in data.get("claims", []))
+        link = e(paper)
+        if (out / paper / "report.html").exists():
+            link = f'<a href="{e(paper)}/report.html">{e(paper)}</a>'
+        tally = ", ".join(f"{n} {e(v)}" for v, n in sorted(counts.items())) or "no claims table"
+        summary.append([link, e(data.get("title", "")), str(len(data.get("claims", []))), tally])
+        for c in data.get("claims", []):
+            claim_rows.append([link] + [e(str(c.get(k, ""))) for k in ("claim", "paper", "ours", "seeds", "verdict",
+                                                                        "note")])
+    style = ("body{font-family:sans-serif;margin:2em;max-width:75em}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #bbb;padding:.35em .6em;vertical-align:top;text-align:left}"
+             "th{background:#f0f0f0}img{max-width:100%;height:auto}")
+    page = [
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>commlab reports</title><style>{style}</style></head><body>",
+        "<h1>commlab: reproduction reports</h1>",
+        "<p>Each paper's report shows its runs from MLflow (mean and spread over seeds) and a claims "
+        "table: the paper's claim, its figure, our measurement at our scale with the number of seeds n "
+        "behind each mean, and a verdict computed from the numbers.</p>",
+        "<h2>Papers</h2>",
+        _table(["paper", "title", "claims", "verdicts"], summary) if summary else "<p>No reports yet.</p>",
+        "<h2>Every method of every paper: accuracy against communication and time</h2>",
+        cross_paper_html(out),
+        "<h2>All claims</h2>",
+        _table(["paper", "claim", "paper's figure", "ours", "n", "verdict", "note"], claim_rows, verdict_col=5,
+               css="commlab-claims")
+        if claim_rows else "<p>No claims tables yet.</p>",
+        "</body></html>",
+    ]
+    out.mkdir(parents=True, exist_ok=True)
+    target = out / "index.html"
+    target.write_text("\n".join(page) + "\n", encoding="utf-8")
+    return target
