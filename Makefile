@@ -23,7 +23,7 @@ DEBIAN_PACKAGES := dataset-fashion-mnist iproute2 util-linux munge slurmctld slu
 	mariadb-server chromium
 system-packages:
 	@if [ ! -d $(FMNIST) ] || ! command -v ip >/dev/null || ! command -v slurmdbd >/dev/null \
-	    || ! command -v mariadbd >/dev/null; then \
+	    || ! command -v mariadbd >/dev/null || ! command -v chromium >/dev/null; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
 	    export DEBIAN_FRONTEND=noninteractive; \
 	    apt-get install -y -qq $(DEBIAN_PACKAGES) >/dev/null || \
