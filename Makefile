@@ -6,7 +6,8 @@ FMNIST := /usr/share/datasets/fashion-mnist
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
-.PHONY: all run test smoke report bench lint mlflow-ui system-packages clean-results slurm-up slurm-down
+.PHONY: all run test smoke report bench lint mlflow-ui system-packages test-packages apt-run apt-test \
+	clean-results slurm-up slurm-down
 
 all: run
 
@@ -17,23 +18,37 @@ all: run
 	$(PY) -m pip install --quiet -e ".[dev]"
 	@touch $@
 
-# Fashion-MNIST from Debian, iproute2 (network emulation) and a local SLURM cluster's daemons
-# (tests/test_slurm_cluster.py, make slurm-up), when apt and root are available.
-DEBIAN_PACKAGES := dataset-fashion-mnist iproute2 util-linux munge slurmctld slurmd slurm-client slurmdbd \
-	mariadb-server chromium
+# Debian packages, installed when apt and root are available and one of them is missing.
+# What the default run needs: Fashion-MNIST, iproute2 and util-linux (emulated links for the
+# speed claims). What the tests add: a local SLURM cluster's daemons (tests/test_slurm_cluster.py,
+# make slurm-up) and chromium (the report view test).
+RUN_PACKAGES := dataset-fashion-mnist iproute2 util-linux
+TEST_PACKAGES := $(RUN_PACKAGES) munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium
+define apt_install
+	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq $(1) >/dev/null || \
+	    { apt-get update -qq && apt-get install -y -qq $(1) >/dev/null; }; \
+	else echo "note: install Debian's $(1) (or set data.fashion_mnist.source in params.yaml)"; fi
+endef
+
 system-packages:
-	@if [ ! -d $(FMNIST) ] || ! command -v ip >/dev/null || ! command -v slurmdbd >/dev/null \
-	    || ! command -v mariadbd >/dev/null || ! command -v chromium >/dev/null; then \
-	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
-	    export DEBIAN_FRONTEND=noninteractive; \
-	    apt-get install -y -qq $(DEBIAN_PACKAGES) >/dev/null || \
-	      { apt-get update -qq && apt-get install -y -qq $(DEBIAN_PACKAGES) >/dev/null; }; \
-	  else echo "note: install Debian's dataset-fashion-mnist (or set data.fashion_mnist.source in params.yaml)"; fi; \
-	fi
+	@if [ ! -d $(FMNIST) ] || ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then \
+	  $(MAKE) --no-print-directory apt-run; fi
+
+test-packages: system-packages
+	@if ! command -v slurmdbd >/dev/null || ! command -v mariadbd >/dev/null || ! command -v chromium >/dev/null; then \
+	  $(MAKE) --no-print-directory apt-test; fi
+
+apt-run:
+	$(call apt_install,$(RUN_PACKAGES))
+
+apt-test:
+	$(call apt_install,$(TEST_PACKAGES))
 
 # A SLURM cluster on this machine (controller + 2 nodes in namespaces, 198.19.0.0/24): docs/cluster.md.
 SLURM_DIR ?= /tmp/commlab-slurm
-slurm-up: .venv/.installed system-packages
+slurm-up: .venv/.installed test-packages
 	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.localslurm up --dir $(SLURM_DIR)
 
 slurm-down:
@@ -45,7 +60,7 @@ run: .venv/.installed system-packages
 smoke: .venv/.installed system-packages
 	.venv/bin/snakemake --cores $(CORES) --profile workflow/profiles/default --configfile config/smoke.yaml
 
-test: .venv/.installed system-packages
+test: .venv/.installed test-packages
 	.venv/bin/pytest -q
 
 report: .venv/.installed

@@ -24,16 +24,16 @@ VENV_BIN = Path(sys.executable).parent
 
 
 def ensure_packages() -> None:
-    """Install the cluster's Debian packages through `make system-packages`, or skip saying why."""
+    """Install the cluster's Debian packages through `make test-packages`, or skip saying why."""
     if os.geteuid() != 0:
         pytest.skip("the local SLURM cluster needs root (network and UTS namespaces, daemons as root)")
     if not missing_tools():
         return
     if shutil.which("apt-get") is None or shutil.which("make") is None:
         pytest.skip(f"no apt-get/make to install {', '.join(missing_tools())}")
-    out = subprocess.run(["make", "system-packages"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(["make", "test-packages"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     if missing := missing_tools():
-        pytest.skip(f"`make system-packages` did not provide {', '.join(missing)}: {out.stderr[-500:]}")
+        pytest.skip(f"`make test-packages` did not provide {', '.join(missing)}: {out.stderr[-500:]}")
 
 
 def start_cluster(root: Path, nodes: int = 2) -> LocalCluster:

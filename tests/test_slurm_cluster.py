@@ -9,7 +9,7 @@ same losses and accuracies, to the last bit, as the one-node run with the same s
 size; `scontrol requeue` mid-run checkpoints (exit 143), SLURM runs the job again and it resumes the
 same MLflow run without logging a step twice; a node killed mid-run fails the job (NODE_FAIL) and
 the retry finishes the run on the other node. Needs root (namespaces) and apt-get (`make
-system-packages` installs the packages); skipped, saying why, otherwise.
+test-packages` installs the packages); skipped, saying why, otherwise.
 """
 
 from __future__ import annotations
