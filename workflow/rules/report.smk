@@ -28,6 +28,10 @@ rule paper_report:
         claims="reports/{paper}/claims.json",
     log:
         "logs/report/{paper}.log",
+    benchmark:
+        "logs/benchmarks/report/{paper}.tsv"
+    wildcard_constraints:
+        paper="|".join(config["papers"]),
     priority: 1000  # before any training job (common.smk: paper_priority)
     localrule: True
     conda:
@@ -49,6 +53,8 @@ rule report_index:
         report("reports/index.html", caption="../report/index.rst", category="Index"),
     log:
         "logs/report/index.log",
+    benchmark:
+        "logs/benchmarks/report/index.tsv"
     localrule: True
     conda:
         "../envs/commlab.yaml"
