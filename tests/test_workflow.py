@@ -145,7 +145,7 @@ def test_smoke_run_goes_from_data_to_report(tmp_path):
     meta = json.loads((project / "data/prepared/fashion_mnist/meta.json").read_text())
     assert meta["train_shape"] == [60000, 1, 28, 28] and meta["test_shape"] == [10000, 1, 28, 28]
     assert (project / "dvc.lock").read_bytes() == (ROOT / "dvc.lock").read_bytes()
-    assert not (project.parent / "dvc-storage").exists()
+    assert not (project / "dvc-storage").exists()
     status = subprocess.run([sys.executable, "-m", "dvc", "status", "fashion_mnist"], cwd=project,
                             env=project_env(project), capture_output=True, text=True)
     assert "up to date" in status.stdout, status.stdout + status.stderr
@@ -225,7 +225,7 @@ def test_data_rule_leaves_dvc_lock_and_remote_alone(tmp_path):
     result = snakemake(project, "--cores", "1", "data")
     assert result.returncode == 0, result.stdout + result.stderr
     assert (project / "dvc.lock").read_bytes() == lock
-    assert not (project.parent / "dvc-storage").exists()
+    assert not (project / "dvc-storage").exists()
     assert "Nothing to be done" in _planned(project, "data")
 
     shutil.rmtree(project / ".snakemake" / "metadata")  # as after `dvc repro` or `dvc pull` by hand
