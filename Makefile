@@ -72,6 +72,7 @@ bench: .venv/.installed system-packages
 lint: .venv/.installed
 	.venv/bin/ruff check src tests
 	.venv/bin/snakemake --lint
+	.venv/bin/snakefmt --check workflow Snakefile
 
 mlflow-ui: .venv/.installed
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000

@@ -126,12 +126,13 @@ def test_launch_normal_end_and_failing_run_leave_nothing(tmp_path):
                   tracking={"enabled": True, "uri": uri, "experiment": "netem"})
     assert launch(str(cfg), str(tmp_path / "sentinel.json")) == 0
     run_id = json.loads((tmp_path / "sentinel.json").read_text())["run_id"]
-    # The link's settings and its measured throughput are params of the MLflow run.
+    # The link's numbers (setting and measured throughput) are metrics of the MLflow run, to chart.
     from mlflow.tracking import MlflowClient
 
     run = MlflowClient(uri).get_run(run_id)
-    assert run.data.params["network_bandwidth_mbit"] == "1000" and run.data.params["network_emulated"] == "True"
-    assert float(run.data.params["network_measured_mbit"]) > 0 and run.data.tags["network"].startswith("emulated")
+    assert run.data.metrics["network.bandwidth_mbit"] == run.data.metrics["network_bandwidth_mbit"] == 1000
+    assert run.data.metrics["network_measured_mbit"] > 0 and "network_measured_mbit" not in run.data.params
+    assert run.data.params["network_emulated"] == "True" and run.data.tags["network"].startswith("emulated")
     assert set(netem.list_namespaces()) <= before_ns and host_links() == before_links
     bad = _config(tmp_path, data_dir=str(tmp_path / "missing"), dataset="fashion_mnist")
     assert launch(str(bad), network_mbit=100) != 0  # every worker fails: no dataset

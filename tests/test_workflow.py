@@ -140,10 +140,12 @@ def test_smoke_run_goes_from_data_to_report(tmp_path):
     logs = "".join(f"\n--- {p}\n{p.read_text()[-3000:]}" for p in sorted((project / "logs").rglob("*.log")))
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:] + logs
 
-    # Data: DVC prepared it, recorded it and pushed it to the local remote.
+    # Data: DVC prepared it as dvc.lock records it (the committed file is unchanged), and pushed
+    # nothing: pushing to the remote is the user's `dvc push`.
     meta = json.loads((project / "data/prepared/fashion_mnist/meta.json").read_text())
     assert meta["train_shape"] == [60000, 1, 28, 28] and meta["test_shape"] == [10000, 1, 28, 28]
-    assert any((project / "dvc-storage").rglob("*"))
+    assert (project / "dvc.lock").read_bytes() == (ROOT / "dvc.lock").read_bytes()
+    assert not (project / "dvc-storage").exists()
     status = subprocess.run([sys.executable, "-m", "dvc", "status", "fashion_mnist"], cwd=project,
                             env=project_env(project), capture_output=True, text=True)
     assert "up to date" in status.stdout, status.stdout + status.stderr
@@ -177,3 +179,61 @@ def test_smoke_run_goes_from_data_to_report(tmp_path):
                        "reports/snakemake_report.html")
     assert bundle.returncode == 0, bundle.stdout + bundle.stderr
     assert (project / "reports/snakemake_report.html").stat().st_size > 10_000
+
+
+# ---- the data rule follows its DVC stage's dependencies --------------------------------------
+RAW = Path(yaml.safe_load((ROOT / "params.yaml").read_text())["data"]["fashion_mnist"]["source"])
+needs_raw = pytest.mark.skipif(not RAW.is_dir(), reason=f"no Fashion-MNIST files in {RAW} (make system-packages)")
+
+
+def _planned(project: Path, *args: str) -> str:
+    result = snakemake(project, "-n", "--cores", "1", *args)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def _edit(path: Path) -> None:
+    """A change of content (Snakemake reruns for a changed time only if the content changed too)."""
+    path.write_text(path.read_text() + "# changed\n")
+
+
+@needs_raw
+def test_touching_data_code_schedules_the_data_rule(tmp_path):
+    """Snakemake reruns prepare_data when a file of the DVC stage's deps changes (as `dvc status`
+    would report), not for other code; a dry run with a prepared dataset in place."""
+    project = copy_project(tmp_path / "project")
+    meta = project / "data/prepared/fashion_mnist/meta.json"
+    meta.parent.mkdir(parents=True)
+    meta.write_text("{}")  # newer than every copied file: the dataset counts as prepared
+    assert "Nothing to be done" in _planned(project, "data")
+    _edit(project / "src/commlab/data/checks.py")  # loading code: no DVC dependency
+    assert "Nothing to be done" in _planned(project, "data")
+    _edit(project / "src/commlab/data/fashion_mnist.py")
+    planned = _planned(project, "data")
+    assert "rule prepare_data:" in planned
+    assert "reason: Updated input files: src/commlab/data/fashion_mnist.py" in planned, planned
+
+
+@pytest.mark.slow
+@needs_raw
+def test_data_rule_leaves_dvc_lock_and_remote_alone(tmp_path):
+    """The data rule runs `dvc repro` and nothing else: with the code as committed, dvc.lock stays
+    byte for byte and nothing is pushed. Data that DVC made or fetched outside Snakemake (no
+    Snakemake record, older than the code) is checked once by a no-op `dvc repro`, then settled."""
+    project = copy_project(tmp_path / "project")
+    lock = (project / "dvc.lock").read_bytes()
+    result = snakemake(project, "--cores", "1", "data")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (project / "dvc.lock").read_bytes() == lock
+    assert not (project / "dvc-storage").exists()
+    assert "Nothing to be done" in _planned(project, "data")
+
+    shutil.rmtree(project / ".snakemake" / "metadata")  # as after `dvc repro` or `dvc pull` by hand
+    (project / "src/commlab/data/base.py").touch()
+    assert "rule prepare_data:" in _planned(project, "data")
+    result = snakemake(project, "--cores", "1", "data")
+    assert result.returncode == 0, result.stdout + result.stderr
+    log = (project / "logs/data/fashion_mnist.log").read_text()
+    assert "skipping" in log and "Running stage" not in log, log  # unchanged, or restored from DVC's cache
+    assert (project / "dvc.lock").read_bytes() == lock
+    assert "Nothing to be done" in _planned(project, "data")

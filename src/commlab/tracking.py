@@ -17,12 +17,24 @@ Lifecycle of a run, across restarts (the run id travels in every checkpoint):
   if the whole job is SIGKILLed nobody can, the run stays RUNNING until the re-launch continues
   it.
 
+What the MLflow UI shows besides params and metrics:
+
+* every experiment carries ``mlflow.experimentKind = custom_model_development`` (MLflow 3's
+  "Machine learning" kind), so opening it shows the training runs, not the GenAI overview;
+* every new run carries MLflow's source tags (``mlflow.source.name``/``type``/``git.commit``/
+  ``git.branch``/``git.repoURL``: the Source and Version columns) and its dataset as a run input
+  (name, the prepared data's content hash as digest, its folder as source: the Dataset column),
+  taken from what the run already knows, never by reading the data again;
+* an emulated network's numeric settings and measurements (``network.bandwidth_mbit``,
+  ``network_measured_mbit``, ...) are metrics at step 0, so runs can be charted against link speed.
+
 SQLite allows one writer at a time; parallel jobs briefly meet "database is locked". Every store
 call retries such transient errors with exponential backoff (:func:`with_retries`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -41,6 +53,12 @@ FLUSH_EVERY_S = 60.0  # write buffered metrics at least this often, besides epoc
 RETRIES = 10  # attempts per store call on transient errors (about 40 s of backoff in all)
 TRANSIENT = ("database is locked", "database is busy", "temporarily_unavailable", "unable to open database",
              "connection reset", "connection refused", "timed out")
+
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # read by the MLflow 3 UI to choose the experiment's page
+EXPERIMENT_KIND = "custom_model_development"  # "Machine learning": opens on the runs table
+DATASET_DIGEST_CHARS = 12  # MLflow stores at most 36; `commlab data prepare` prints the same 12
+NETWORK_PREFIXES = ("network.", "network_")  # the config's section, the launcher's measured values
 
 
 def tracking_uri(configured: str | None = None) -> str:
@@ -78,20 +96,28 @@ def client(uri: str | None = None):
 
 
 def ensure_experiments(names: list[str], uri: str | None = None) -> dict[str, str]:
-    """Create the experiments that do not exist yet; return name -> id. Call this once before
-    parallel jobs start (two processes creating the SQLite schema at once fail)."""
+    """Create the experiments that do not exist yet, each of the training-runs kind (existing ones
+    get the kind too); return name -> id. Call this once before parallel jobs start (two processes
+    creating the SQLite schema at once fail)."""
     c = client(uri)
     return {name: _experiment_id(c, name) for name in names}
 
 
 def _experiment_id(c, name: str) -> str:
+    """The experiment's id, created if missing; its kind set to training runs either way."""
     exp = with_retries(c.get_experiment_by_name, name, what="get experiment")
-    if exp:
-        return exp.experiment_id
-    try:
-        return with_retries(c.create_experiment, name, what="create experiment")
-    except Exception:  # noqa: BLE001 - another job created it meanwhile
-        return with_retries(c.get_experiment_by_name, name, what="get experiment").experiment_id
+    if exp is None:
+        try:
+            return with_retries(c.create_experiment, name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+                                what="create experiment")
+        except Exception:  # noqa: BLE001 - another job created it meanwhile
+            exp = with_retries(c.get_experiment_by_name, name, what="get experiment")
+    # Older stores' experiments have no kind, and the UI then guesses GenAI. These experiments
+    # hold training runs only, so any other value is set back (one write, only when it differs).
+    if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        with_retries(c.set_experiment_tag, exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND,
+                     what="set experiment kind")
+    return exp.experiment_id
 
 
 def git_commit() -> str:
@@ -107,6 +133,64 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _git(*args: str) -> str:
+    """One git command's output in the code's checkout ("" when git or the checkout is absent)."""
+    try:
+        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                              text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def source_tags() -> dict[str, str]:
+    """MLflow's standard source tags for a run of this checkout's training loop: the UI's Source
+    column (the program) and Version column (the commit, linked when the remote is known)."""
+    tags = {"mlflow.source.name": str(Path(__file__).resolve().with_name("train.py")),
+            "mlflow.source.type": "LOCAL"}
+    head = _git("rev-parse", "HEAD", "--abbrev-ref", "HEAD").splitlines()
+    if len(head) == 2:
+        tags["mlflow.source.git.commit"] = head[0]
+        if head[1] != "HEAD":  # not a detached checkout
+            tags["mlflow.source.git.branch"] = head[1]
+    remote = _git("config", "--get", "remote.origin.url")
+    if remote:
+        tags["mlflow.source.git.repoURL"] = remote
+    return tags
+
+
+def dataset_input(name: str, digest: str, path: str | Path | None):
+    """A run input naming a dataset by its content hash, without reading it: the Dataset column.
+    ``path`` is the prepared folder (a local source); None for data generated on the fly."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    source, source_type = ({"uri": str(Path(path).resolve())}, "local") if path else ({"generated": name}, "code")
+    dataset = Dataset(name=name, digest=str(digest)[:DATASET_DIGEST_CHARS], source_type=source_type,
+                      source=json.dumps(source))
+    return DatasetInput(dataset, tags=[InputTag(MLFLOW_DATASET_CONTEXT, "train")])
+
+
+def split_network(config: dict) -> tuple[dict, dict]:
+    """``(params, metrics)`` of a flattened config: the network's numbers (the config's
+    ``network.*`` section and the launcher's ``network_*`` measurements) are metrics; the
+    config's section stays among the params as well, as the run's settings."""
+    params, metrics = {}, {}
+    for key, value in flatten(config).items():
+        is_number = isinstance(value, int | float) and not isinstance(value, bool)
+        if key.startswith(NETWORK_PREFIXES) and is_number:
+            metrics[key] = float(value)
+            if key.startswith("network_"):
+                continue  # a measurement, not a setting
+        params[key] = value
+    return params, metrics
+
+
+def _prepared_folder(data_dir: str | None, name: str | None) -> Path | None:
+    """``<data_dir>/<name>`` when that folder exists (a prepared dataset), else None."""
+    folder = Path(data_dir) / name if data_dir and name else None
+    return folder if folder and folder.is_dir() else None
+
+
 def mark_failed(run_id: str, configured: str | None = None) -> bool:
     """Mark ``run_id`` FAILED if it is still RUNNING (for a rank other than the dead rank 0);
     ``configured`` is the config's ``tracking.uri``. Returns whether it changed the status."""
@@ -119,9 +203,26 @@ def mark_failed(run_id: str, configured: str | None = None) -> bool:
 
 
 class RunTracker:
-    """Rank 0's handle on its MLflow run (a new one, or the checkpoint's ``run_id`` reopened)."""
+    """Rank 0's handle on its MLflow run (a new one, or the checkpoint's ``run_id`` reopened).
 
-    def __init__(self, config: dict, tags: dict[str, str], run_id: str | None = None):
+    ``config`` is the run config, flattened into params; ``tags`` are set on a new run over the
+    source tags of :func:`source_tags`. A new run also gets its dataset as a run input and the
+    emulated network's numbers as metrics at step 0 (see :func:`split_network`). The optional
+    keywords say what would otherwise be taken from ``config`` and ``tags``:
+
+    * ``dataset_name``: the dataset's name (default: ``config["dataset"]``);
+    * ``dataset_digest``: its content hash (default: ``tags["data_hash"]``; no input when neither
+      is known), shortened to :data:`DATASET_DIGEST_CHARS` characters;
+    * ``dataset_path``: the prepared folder (default: ``<data_dir>/<dataset name>`` when it exists;
+      none for generated data);
+    * ``network_info``: the launcher's description of an emulated network (``network_*`` keys,
+      as in ``COMMLAB_NETWORK_JSON``), also accepted as top-level ``network_*`` keys of ``config``.
+
+    A reopened run keeps what it already has: nothing of this is logged again."""
+
+    def __init__(self, config: dict, tags: dict[str, str], run_id: str | None = None, *,
+                 dataset_name: str | None = None, dataset_digest: str | None = None,
+                 dataset_path: str | Path | None = None, network_info: dict | None = None):
         tracking = config.get("tracking", {})
         self.uri = tracking_uri(tracking.get("uri"))
         self.client = client(self.uri)
@@ -133,10 +234,23 @@ class RunTracker:
             self.run_id = run_id
             return
         name = f"{config.get('name') or config['method']}-seed{config['seed']}"
-        run = with_retries(self.client.create_run, self.experiment_id, run_name=name, tags=tags,
-                           what="create run")
+        run = with_retries(self.client.create_run, self.experiment_id, run_name=name,
+                           tags={**source_tags(), **tags}, what="create run")
         self.run_id = run.info.run_id
-        self._log_params(config)
+        params, network_metrics = split_network({**config, **(network_info or {})})
+        self._log_params(params)
+        if network_metrics:
+            self.log_metrics(network_metrics, step=0)
+            self.flush()
+        dataset_name = dataset_name or config.get("dataset")
+        self._log_dataset(dataset_name, dataset_digest or tags.get("data_hash"),
+                          dataset_path or _prepared_folder(config.get("data_dir"), dataset_name))
+
+    def _log_dataset(self, name: str | None, digest: str | None, path) -> None:
+        if not name or not digest or digest == "None":
+            return
+        with_retries(self.client.log_inputs, self.run_id, datasets=[dataset_input(name, digest, path)],
+                     what="log dataset input")
 
     def _reopen(self, run_id: str) -> bool:
         """Continue a checkpointed run: RUNNING again, and remember what is already stored."""
@@ -152,10 +266,10 @@ class RunTracker:
             self.logged_upto[key] = max((m.step for m in history), default=-1)
         return True
 
-    def _log_params(self, config: dict) -> None:
+    def _log_params(self, flat: dict) -> None:
         from mlflow.entities import Param
 
-        params = [Param(k, str(v)[:6000]) for k, v in sorted(flatten(config).items())]
+        params = [Param(k, str(v)[:6000]) for k, v in sorted(flat.items())]
         for i in range(0, len(params), 100):
             with_retries(self.client.log_batch, self.run_id, params=params[i:i + 100], what="log params")
 

@@ -33,6 +33,10 @@ rule paper_report:
         runs="reports/{paper}/runs.csv",
     log:
         "logs/report/{paper}.log",
+    benchmark:
+        "logs/benchmarks/report/{paper}.tsv"
+    wildcard_constraints:
+        paper="|".join(config["papers"]),
     priority: 1000  # before any training job (common.smk: paper_priority)
     localrule: True
     conda:
@@ -57,6 +61,8 @@ rule report_index:
         report("reports/index.html", caption="../report/index.rst", category="Index"),
     log:
         "logs/report/index.log",
+    benchmark:
+        "logs/benchmarks/report/index.tsv"
     localrule: True
     conda:
         "../envs/commlab.yaml"

@@ -29,6 +29,10 @@ rule run_config:
         config="results/{paper}/{name}/seed{seed}/config.yaml",
     log:
         "logs/config/{paper}/{name}/seed{seed}.log",
+    wildcard_constraints:
+        paper="|".join(config["papers"]),
+        name=r"[^/]+",
+        seed=r"\d+",
     localrule: True
     conda:
         "../envs/commlab.yaml"
@@ -54,6 +58,12 @@ rule train:
         sentinel="results/{paper}/{name}/seed{seed}/sentinel.json",
     log:
         "logs/train/{paper}/{name}/seed{seed}.log",
+    benchmark:
+        "logs/benchmarks/train/{paper}/{name}/seed{seed}.tsv"
+    wildcard_constraints:
+        paper="|".join(config["papers"]),
+        name=r"[^/]+",
+        seed=r"\d+",
     priority: paper_priority
     conda:
         "../envs/commlab.yaml"

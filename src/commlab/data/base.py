@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from commlab.data.checks import DamagedDataError, load_split, read_meta, rebuild_hint
 from commlab.registry import DATASETS
 
 
@@ -80,7 +81,11 @@ def write_prepared(out_dir: Path, spec: DatasetSpec, train: tuple, test: tuple, 
 
 
 def load_dataset(name: str, data_dir: str | Path, seed: int = 0, verify: bool = False) -> PreparedData:
-    """Load a prepared dataset (or generate a synthetic one). Errors say how to get missing data."""
+    """Load a prepared dataset (or generate a synthetic one). Errors say how to get missing data.
+
+    Every load runs the cheap checks of :mod:`commlab.data.checks` (readable files, dtypes,
+    shapes, label range) and raises :class:`DamagedDataError` naming the file and the fix;
+    ``verify`` also compares the content hash with meta.json (reads every byte once more)."""
     spec: DatasetSpec = DATASETS.get(name)
     if spec.generated:
         return spec.prepare()  # type: ignore[operator]  # same data for every run seed
@@ -92,18 +97,18 @@ def load_dataset(name: str, data_dir: str | Path, seed: int = 0, verify: bool = 
             f"Prepare it with `python -m commlab data prepare {name}` (or `snakemake --cores 2 data`). "
             f"{spec.how_to_get}"
         )
-    meta = json.loads((folder / "meta.json").read_text())
-    train = torch.load(folder / "train.pt", weights_only=True)
-    test = torch.load(folder / "test.pt", weights_only=True)
+    hint = rebuild_hint(name, data_dir)
+    meta = read_meta(folder / "meta.json", hint)
+    train = load_split(folder / "train.pt", spec, meta["train_shape"], hint)
+    test = load_split(folder / "test.pt", spec, meta["test_shape"], hint)
     if verify:
-        digest = content_hash(train["x"], train["y"], test["x"], test["y"])
+        digest = content_hash(*train, *test)
         if digest != meta["content_hash"]:
-            raise ValueError(
+            raise DamagedDataError(
                 f"dataset {name!r} in {folder} is corrupted: content hash {digest[:12]} differs from "
-                f"meta.json's {meta['content_hash'][:12]}; re-create it with `dvc checkout` or "
-                f"`python -m commlab data prepare {name}`"
+                f"meta.json's {meta['content_hash'][:12]}; {hint}"
             )
-    return PreparedData(spec, train["x"], train["y"], test["x"], test["y"], meta)
+    return PreparedData(spec, *train, *test, meta)
 
 
 def shard_indices(n: int, world_size: int, rank: int, batch_size: int, epoch: int, seed: int,

@@ -1,0 +1,123 @@
+"""What the MLflow UI reads from a run made by RunTracker: the experiment's kind, the source and
+git tags, the dataset input and the emulated network's numbers as metrics (commlab.tracking)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from commlab.config import DEFAULTS, deep_merge
+from commlab.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RunTracker, ensure_experiments, source_tags
+
+ROOT = Path(__file__).resolve().parents[1]
+HASH = "a3" * 32  # a content hash as meta.json holds it (64 hex digits)
+NETWORK = {"network_emulated": True, "network_bandwidth_mbit": 100.0, "network_latency_ms": 0.0,
+           "network_label": "emulated 100 Mbit/s", "network_measured_mbit": 97.25, "network_probe_bytes": 6250000}
+
+
+@pytest.fixture
+def uri(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def _config(tmp_path, uri, **extra):
+    config = deep_merge(DEFAULTS, {"paper": "kstep", "method": "ssgd", "seed": 1, "model": "mlp",
+                                   "dataset": "fashion_mnist", "data_dir": str(tmp_path / "prepared"),
+                                   "tracking": {"uri": uri, "experiment": "kstep"},
+                                   "network": {"bandwidth_mbit": 100.0, "latency_ms": 5.0}})
+    (tmp_path / "prepared" / "fashion_mnist").mkdir(parents=True)
+    return {**config, **extra}
+
+
+def _tags(**extra):
+    return {"paper": "kstep", "method": "ssgd", "data_hash": HASH, **extra}
+
+
+def test_new_run_carries_source_dataset_and_network_metrics(tmp_path, uri):
+    tracker = RunTracker({**_config(tmp_path, uri), **NETWORK}, _tags())
+    tracker.finish("FINISHED")
+    c = MlflowClient(uri)
+    run = c.get_run(tracker.run_id)
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert run.data.tags["mlflow.source.type"] == "LOCAL"
+    assert run.data.tags["mlflow.source.name"].endswith("src/commlab/train.py")
+    assert run.data.tags["mlflow.source.git.commit"] == commit
+    assert run.data.tags["paper"] == "kstep"  # the caller's tags next to them
+
+    [entry] = run.inputs.dataset_inputs
+    assert entry.dataset.name == "fashion_mnist" and entry.dataset.digest == HASH[:12]
+    assert entry.dataset.source_type == "local"
+    assert str(tmp_path / "prepared" / "fashion_mnist") in entry.dataset.source
+    assert {t.key: t.value for t in entry.tags} == {"mlflow.data.context": "train"}
+
+    metrics = run.data.metrics
+    assert metrics == {"network.bandwidth_mbit": 100.0, "network.latency_ms": 5.0, "network_bandwidth_mbit": 100.0,
+                       "network_latency_ms": 0.0, "network_measured_mbit": 97.25, "network_probe_bytes": 6250000.0}
+    assert all(h.step == 0 for key in metrics for h in c.get_metric_history(tracker.run_id, key))
+    params = run.data.params
+    assert not any(k.startswith("network_") and k in metrics for k in params)  # measurements: metrics only
+    assert params["network_label"] == "emulated 100 Mbit/s" and params["network_emulated"] == "True"
+    assert params["network.bandwidth_mbit"] == "100.0"  # the config keeps its settings as params
+    assert params["train.lr"] == str(DEFAULTS["train"]["lr"])
+
+    experiment = c.get_experiment(tracker.experiment_id)
+    assert experiment.name == "kstep" and experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
+def test_explicit_dataset_and_network_arguments(tmp_path, uri):
+    """The keywords say what config and tags would otherwise give; generated data has no folder."""
+    tracker = RunTracker(_config(tmp_path, uri, network=None), _tags(data_hash="ignored"),
+                         dataset_name="cifar10", dataset_digest="b7" * 32, dataset_path=tmp_path / "elsewhere",
+                         network_info={"network_measured_mbit": 12.5})
+    run = MlflowClient(uri).get_run(tracker.run_id)
+    [entry] = run.inputs.dataset_inputs
+    assert (entry.dataset.name, entry.dataset.digest, entry.dataset.source_type) == ("cifar10", "b7" * 6, "local")
+    assert str(tmp_path / "elsewhere") in entry.dataset.source
+    assert run.data.metrics == {"network_measured_mbit": 12.5}
+    assert run.data.params["network"] == "None"
+
+    tracker = RunTracker(_config(tmp_path / "b", uri, network=None, dataset="synthetic"),
+                         _tags(data_hash="synthetic-1"))
+    [entry] = MlflowClient(uri).get_run(tracker.run_id).inputs.dataset_inputs
+    assert (entry.dataset.name, entry.dataset.digest, entry.dataset.source_type) == \
+        ("synthetic", "synthetic-1", "code")  # generated on the fly: no folder
+
+
+def test_reopened_run_logs_nothing_twice(tmp_path, uri):
+    first = RunTracker({**_config(tmp_path, uri), **NETWORK}, _tags())
+    first.finish("KILLED")
+    again = RunTracker({**_config(tmp_path / "b", uri), **NETWORK}, _tags(), run_id=first.run_id)
+    assert again.run_id == first.run_id
+    again.finish("FINISHED")
+    c = MlflowClient(uri)
+    assert len(c.get_run(first.run_id).inputs.dataset_inputs) == 1
+    assert len(c.get_metric_history(first.run_id, "network_measured_mbit")) == 1
+
+
+def test_ensure_experiments_sets_the_kind_on_new_and_old_experiments(uri):
+    c = MlflowClient(uri)
+    old = c.create_experiment("baseline")  # as an older commlab made it: no kind
+    c.set_experiment_tag(c.create_experiment("adpsgd"), EXPERIMENT_KIND_TAG, "genai_development")
+    ids = ensure_experiments(["baseline", "adpsgd", "redsync"], uri)
+    assert ids["baseline"] == old
+    for name, exp_id in ids.items():
+        assert c.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND, name
+
+
+def test_mlflow_init_command_sets_the_kind(tmp_path, uri):
+    """The workflow's mlflow_init rule runs this command."""
+    subprocess.run([sys.executable, "-m", "commlab", "mlflow-init", "oktopk", "--marker", str(tmp_path / "m")],
+                   check=True, capture_output=True, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
+    c = MlflowClient(uri)
+    assert c.get_experiment_by_name("oktopk").tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
+def test_source_tags_outside_a_checkout(monkeypatch):
+    """Without git (or a checkout) the run still names its source, just no version."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert set(source_tags()) == {"mlflow.source.name", "mlflow.source.type"}
