@@ -74,5 +74,7 @@ lint: .venv/.installed
 	.venv/bin/snakemake --lint
 	.venv/bin/snakefmt --check workflow Snakefile
 
+# MLflow 3.17 opens in its GenAI view unless the address asks for the training runs.
 mlflow-ui: .venv/.installed
+	@echo "training runs: http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --port 5000
