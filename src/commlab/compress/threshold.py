@@ -10,6 +10,11 @@ raises it by ``guard_scale`` (1.03), at most ``guard_loops`` (5) times, while mo
 ``guard_factor``·k (3k/2) entries would pass. The global threshold of Ok-Topk uses the same
 machinery with up = 1.008, down = 1.01 and no guard.
 
+With ``cap`` set (Ok-Topk's bounded control), a reused threshold that would select more than
+``cap``·k entries, or fewer than ``lower``·k, is not used: the exact threshold is computed at that
+step instead (counted in ``recomputes``), and any selection is trimmed to its ``cap``·k largest
+(ties at the threshold), so no step selects more than ``cap``·k entries.
+
 Selection keeps the entries with |x| >= threshold and x != 0: at density 1 (threshold 0) that is
 every non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
 of candidates the exact threshold is 0 (everything non-zero passes).
@@ -37,6 +42,7 @@ class ThresholdOptions:
     guard_factor: float = 1.5  # guard: raise a reused threshold while more than this * k pass
     guard_scale: float = 1.03  # guard: factor of each raise
     guard_loops: int = 5  # guard: at most this many raises per step (0: no guard)
+    cap: float = 0.0  # > 0: never select more than cap*k; recompute exactly when out of [lower*k, cap*k]
 
     def validate(self) -> None:
         if self.recompute_every < 1:
@@ -50,6 +56,8 @@ class ThresholdOptions:
             raise ValueError(f"guard_factor must be >= 1, got {self.guard_factor}")
         if self.guard_loops < 0:
             raise ValueError(f"guard_loops must be >= 0, got {self.guard_loops}")
+        if self.cap and not self.lower <= self.cap:
+            raise ValueError(f"cap must be 0 (off) or >= lower ({self.lower}), got {self.cap}")
 
 
 def kth_largest(magnitudes: torch.Tensor, k: int) -> float:
@@ -90,6 +98,7 @@ class ThresholdEstimator:
         self.options.validate()
         self.value: float | None = None
         self.exact_computations = 0
+        self.recomputes = 0  # exact thresholds forced by the cap (count out of [lower*k, cap*k])
 
     def due(self, step: int) -> bool:
         """Whether ``step`` (counted from 0) recomputes the exact threshold."""
@@ -133,7 +142,13 @@ class ThresholdEstimator:
                 thr *= o.guard_scale
                 mask = passing(x, magnitudes, thr)
             self.value = thr
+            if o.cap and not o.lower * k <= int(torch.count_nonzero(mask)) <= o.cap * k:
+                self.recomputes += 1
+                mask = passing(x, magnitudes, self.set_exact(kth_largest(magnitudes, k)))
         idx = torch.nonzero(mask).view(-1)
+        if o.cap and idx.numel() > o.cap * k:  # ties at the k-th largest: keep the largest
+            top = torch.topk(magnitudes[idx], int(o.cap * k), sorted=False).indices
+            idx = torch.sort(idx[top]).values
         self.observe(idx.numel(), k)
         return idx
 
