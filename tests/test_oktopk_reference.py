@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_oktopk_volume import make_oktopk
 
 from commlab.algorithms.base import StepInfo
 from commlab.testing import run_distributed
+from test_oktopk_volume import make_oktopk
 
 N, DENSITY, STEPS = 10_000, 0.05, 5
 

@@ -12,14 +12,11 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 from torch import nn
 
 from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
-from commlab.algorithms.tensors import flat_grads
 from commlab.core.communicator import Communicator
 from commlab.core.runtime import Runtime
 from commlab.registry import ALGORITHMS

@@ -24,7 +24,33 @@ numpy; selection is |acc| >= threshold (the release's strict > drops the k-th en
 threshold is 0 when k reaches the number of candidates, so density 1 equals dense allreduce.
 
 Volume per rank (paper): split-and-reduce 2k(P-1)/P, balancing + allgatherv <= 4k(P-1)/P, so
-below 6k whatever P; TopkA's allgather is 2k(P-1). ``algo_volume_over_k`` measures it.
+below 6k whatever P; TopkA's allgather is 2k(P-1). ``algo_volume_over_k`` measures it (mean per
+sparse step), ``algo_step_volume_over_k_max`` the largest step of any rank.
+
+**Threshold control.** ``threshold_control: release`` is the release's behaviour above. Its
+reused thresholds move by at most 1.2% / 1% per step, slower than the residuals grow after the
+dense warm-up or when the gradient scale drifts, and its exact tau' step allgathers every reduced
+region (up to P·k pairs in all when the ranks select different entries): on i.i.d. heavy-tailed
+gradients at P = 8 a rank sends up to 17k elements in one step. ``threshold_control: bounded``
+(the default) keeps every step of every rank below ``volume_budget`` (6) · k by construction:
+
+* local: at most k selected (the cap of :class:`~commlab.compress.threshold.ThresholdOptions`:
+  a reused threshold selecting more than k, or fewer than 3k/4, is replaced by the exact one at
+  that step; ties trimmed), so split-and-reduce sends at most 2k + (P-1) count elements;
+* global: one allgather of every rank's (kept count, elements sent so far); every rank then knows
+  the busiest rank's spend s and sets the cap K <= k on the kept total so that
+  s + 3(P-1) + probes + 4K(P-1)/P + 2P < 6k. When due (tau'), or when the reused threshold keeps
+  a total outside [3k/4, K], the threshold is recomputed by
+  :func:`~commlab.compress.bounded.distributed_threshold` (bisection, single-count allreduces,
+  <= 66 elements for float32; exactly the top-K when due) instead of allgathering the regions;
+* allgather: the kept pairs, balanced first (surplus <= 2(K - floor(K/P)), then equal slices
+  2(P-1)ceil(K/P): <= 4K(P-1)/P + 2P in all) unless the plain allgatherv (2(P-1) times a rank's
+  count) is cheaper for the busiest rank; every rank knows every count, so all choose alike.
+
+Hence V <= 2k + 4k(P-1)/P + O(P) and, whatever P and the data, V < 6k; K = k whenever the split
+leaves room for it (always at the grid's k and P; a step where it does not keeps fewer entries,
+which stay in the residuals). With exact thresholds every step both controls compute the same
+update (tests/test_oktopk_reference.py).
 """
 
 from __future__ import annotations
