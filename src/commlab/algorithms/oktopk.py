@@ -206,10 +206,14 @@ class OkTopk(SparseAlgorithm):
         counts, spent = table[:, 0].tolist(), int(table[:, 1].max())
         cap = self._global_cap(spent, r_val.dtype)
         due = self.global_.due(step)
-        low = cap if due else int(min(self.options.band_lower * k, cap))   # due: exact top-cap
+        low = int(min(self.options.band_lower * k, cap))
         if due or not low <= sum(counts) <= cap:
+            # due: the exact top-cap; otherwise the middle half of the band, so that a count
+            # drifting up stays in the band for a while
+            quarter = (cap - low) // 4
             with self.phase("threshold"):
-                thr = distributed_threshold(self.comm, r_val, cap, low)
+                thr = distributed_threshold(self.comm, r_val, cap - (0 if due else quarter),
+                                            cap if due else low + quarter)
             if due:
                 self.global_.set_exact(thr)
                 self.note("exact_global_steps", 1)
@@ -275,6 +279,8 @@ class OkTopk(SparseAlgorithm):
             out["local_threshold"] = self.local.value
         if self.global_.value is not None:
             out["global_threshold"] = self.global_.value
+        if self.options.bounded:
+            out["local_recomputes"] = float(self.local.recomputes)   # cumulative
         return out
 
     def method_state(self) -> dict:
