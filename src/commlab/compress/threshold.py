@@ -192,11 +192,12 @@ class ThresholdEstimator:
 
     def state_dict(self) -> dict:
         return {"value": self.value, "exact_computations": self.exact_computations,
-                "options": asdict(self.options)}
+                "recomputes": self.recomputes, "options": asdict(self.options)}
 
     def load_state_dict(self, state: dict) -> None:
         self.value = state["value"]
         self.exact_computations = int(state.get("exact_computations", 0))
+        self.recomputes = int(state.get("recomputes", 0))
 
 
 @SELECTORS.register("threshold_estimation")
