@@ -3,7 +3,7 @@
 1. Volume: on a stream of i.i.d. heavy-tailed gradients (Student-t, 2 degrees of freedom, with a
    scale drifting by a factor 4 over the run) every rank's elements sent per sparse step stay
    below 6k at every step after the dense warm-up with the bounded threshold control (the
-   default), at P = 2, 4, 8 and 16; the release's control (reused thresholds nudged by
+   default), at P = 2, 4, 8, 16 and 32 (slow: 32 processes); the release's control (reused thresholds nudged by
    1.012 / 1.01 / 1.008) exceeds 6k on the same stream, so the check can fail.
 2. Reference: with exact thresholds every step (local_recompute_every = global_recompute_every =
    1) the update and every rank's residual equal a brute-force computation in one process: each
@@ -74,7 +74,7 @@ def run_volume(world: int, control: str, n: int = 50_000, steps: int = 60, densi
     return {"k": k, "per_step_max": per_step, "ranks": per_rank}
 
 
-@pytest.mark.parametrize("world", [2, 4, 8, 16])
+@pytest.mark.parametrize("world", [2, 4, 8, 16, pytest.param(32, marks=pytest.mark.slow)])
 def test_bounded_control_keeps_every_step_below_6k(world):
     res = run_volume(world, "bounded")
     worst = float(res["per_step_max"].max())
