@@ -167,9 +167,10 @@ if not ok_vol.empty:
 if not scaling.empty:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     ax = axes[0]
-    sns.lineplot(data=scaling, x="workers", y="worst_step_over_k", hue="method", marker="o", ax=ax)
+    palette = dict(zip(sorted(scaling.method.unique()), sns.color_palette(), strict=False))
+    sns.lineplot(data=scaling, x="workers", y="worst_step_over_k", hue="method", palette=palette, marker="o", ax=ax)
     for method, g in scaling.groupby("method"):
-        ax.plot(g.workers, g.cumulative_over_k, "s--", lw=1, label=f"{method}: cumulative mean")
+        ax.plot(g.workers, g.cumulative_over_k, "s--", lw=1, color=palette[method], label=f"{method}: cumulative mean")
     ps = np.array(sorted(scaling.workers.unique()))
     ax.plot(ps, 2 * (ps - 1), "k--", lw=1, label="2k(P-1) (TopkA model)")
     ax.axhline(6, color="r", ls=":", lw=1, label="6k (Ok-Topk bound)")
