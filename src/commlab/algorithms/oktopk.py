@@ -50,8 +50,8 @@ gradients at P = 8 a rank sends up to 17k elements in one step. ``threshold_cont
   count) is cheaper for the busiest rank; every rank knows every count, so all choose alike.
 
 Hence V <= 2k + 4k(P-1)/P + O(P) and, whatever P and the data, V < 6k. K = k unless k is small
-against P (the O(P) count and probe terms): with the tiny MLP's k = 509 at P = 32 K is about
-0.98k; entries not kept stay in the residuals. With exact thresholds every step both controls compute the same
+against P (the O(P) count and probe terms): with the tiny MLP's k = 509 at P = 32 the cap is
+0.92-0.97k; entries not kept stay in the residuals. With exact thresholds every step both controls compute the same
 update (tests/test_oktopk_reference.py).
 """
 
