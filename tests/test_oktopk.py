@@ -28,9 +28,13 @@ STEPS = 10
 RESIDUAL_CASES = {
     "oktopk": ("oktopk", {"density": 0.1, "warmup_steps": 2, "local_recompute_every": 3,
                           "global_recompute_every": 4, "repartition_every": 5}),
+    "oktopk_release": ("oktopk", {"density": 0.1, "warmup_steps": 2, "local_recompute_every": 3,
+                                  "global_recompute_every": 4, "repartition_every": 5,
+                                  "threshold_control": "release"}),
     "oktopk_balanced_rounds": ("oktopk", {"density": 0.05, "warmup_steps": 0, "local_recompute_every": 2,
                                           "global_recompute_every": 3, "repartition_every": 4,
-                                          "balance": True, "schedule": "rounds"}),
+                                          "balance": True, "schedule": "rounds",
+                                          "threshold_control": "release"}),
     "topk_allgather": ("topk_allgather", {"density": 0.1, "warmup_steps": 1}),
     "gaussiank": ("gaussiank", {"density": 0.1, "warmup_steps": 1}),
     "gtopk_exact": ("gtopk", {"density": 0.1, "warmup_steps": 1, "exact_values": True}),
@@ -199,5 +203,7 @@ def test_grid_resolves(scale):
 def test_options_name_bad_values():
     with pytest.raises(Exception, match="schedule"):
         load_config(None, ["method=oktopk", "method_params={schedule: ring}"])
+    with pytest.raises(Exception, match="threshold_control"):
+        load_config(None, ["method=oktopk", "method_params={threshold_control: nudged}"])
     with pytest.raises(Exception, match="density"):
         load_config(None, ["method=gtopk", "method_params={density: 0}"])

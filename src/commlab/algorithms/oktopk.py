@@ -24,7 +24,35 @@ numpy; selection is |acc| >= threshold (the release's strict > drops the k-th en
 threshold is 0 when k reaches the number of candidates, so density 1 equals dense allreduce.
 
 Volume per rank (paper): split-and-reduce 2k(P-1)/P, balancing + allgatherv <= 4k(P-1)/P, so
-below 6k whatever P; TopkA's allgather is 2k(P-1). ``algo_volume_over_k`` measures it.
+below 6k whatever P; TopkA's allgather is 2k(P-1). ``algo_volume_over_k`` measures it (mean per
+sparse step), ``algo_step_volume_over_k_max`` the largest step of any rank.
+
+**Threshold control.** ``threshold_control: release`` is the release's behaviour above. Its
+reused thresholds move by at most 1.2% / 1% per step, slower than the residuals grow after the
+dense warm-up or when the gradient scale drifts, and its exact tau' step allgathers every reduced
+region (up to P·k pairs in all when the ranks select different entries): on i.i.d. heavy-tailed
+gradients at P = 8 a rank sends up to 17k elements in one step. ``threshold_control: bounded``
+(the default) keeps every step of every rank below ``volume_budget`` (6) · k by construction:
+
+* local: at most k selected (the cap of :class:`~commlab.compress.threshold.ThresholdOptions`:
+  when more than k pass the reused threshold the exact top-k of those is taken, when fewer than
+  3k/4 pass the exact threshold; ties trimmed), so split-and-reduce sends at most 2k + (P-1)
+  count elements;
+* global: one allgather of every rank's (kept count, elements sent so far); every rank then knows
+  the busiest rank's spend s and sets the cap K <= k on the kept total so that
+  s + 3(P-1) + probes + 4K(P-1)/P + 2P < 6k. When due (tau'), or when the reused threshold keeps
+  a total outside [3k/4, K], the threshold is recomputed by
+  :func:`~commlab.compress.bounded.distributed_threshold` (bisection, single-count allreduces,
+  <= 66 elements for float32; exactly the top-K when due, else a total in the middle half of
+  [3k/4, K] so that a drifting count stays in the band) instead of allgathering the regions;
+* allgather: the kept pairs, balanced first (surplus <= 2(K - floor(K/P)), then equal slices
+  2(P-1)ceil(K/P): <= 4K(P-1)/P + 2P in all) unless the plain allgatherv (2(P-1) times a rank's
+  count) is cheaper for the busiest rank; every rank knows every count, so all choose alike.
+
+Hence V <= 2k + 4k(P-1)/P + O(P) and, whatever P and the data, V < 6k. K = k unless k is small
+against P (the O(P) count and probe terms): with the tiny MLP's k = 509 at P = 32 the cap is
+0.92-0.97k; entries not kept stay in the residuals. With exact thresholds every step both controls compute the same
+update (tests/test_oktopk_reference.py).
 """
 
 from __future__ import annotations
@@ -34,6 +62,7 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
+from commlab.compress.bounded import distributed_threshold, probe_cost_bound
 from commlab.compress.threshold import ThresholdEstimator, ThresholdOptions, magnitudes_into, passing
 from commlab.core.sparse import (
     SCHEDULES,
@@ -46,6 +75,8 @@ from commlab.core.sparse import (
     split_and_reduce,
 )
 from commlab.registry import ALGORITHMS
+
+CONTROLS = ("bounded", "release")
 
 
 @ALGORITHMS.register("oktopk")
@@ -68,8 +99,10 @@ class OkTopk(SparseAlgorithm):
         guard_factor: float = 1.5  # reused local threshold raised while > guard_factor*k pass
         guard_scale: float = 1.03  # factor of each guard raise
         guard_loops: int = 5  # at most this many guard raises per step (0: off)
-        balance: bool = False  # balance kept entries before the allgather (off in LSTM/VGG, on in BERT)
+        balance: bool = False  # release control: balance kept entries before the allgather (BERT: on)
         schedule: str = "alltoall"  # split-and-reduce: one all_to_all, or P-1 explicit rotated rounds
+        threshold_control: str = "bounded"  # bounded: volume < volume_budget*k every step; release: nudges
+        volume_budget: float = 6.0  # bounded control: elements sent per rank and step stay below this * k
 
         def validate(self) -> None:
             super().validate()
@@ -78,10 +111,21 @@ class OkTopk(SparseAlgorithm):
                     raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
             if self.schedule not in SCHEDULES:
                 raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+            if self.threshold_control not in CONTROLS:
+                raise ValueError(f"threshold_control must be one of {CONTROLS}, got {self.threshold_control!r}")
+            if self.volume_budget < 2:
+                raise ValueError(f"volume_budget must be >= 2 (units of k), got {self.volume_budget}")
             self.local_thresholds().validate()
             self.global_thresholds().validate()
 
+        @property
+        def bounded(self) -> bool:
+            return self.threshold_control == "bounded"
+
         def local_thresholds(self) -> ThresholdOptions:
+            if self.bounded:  # no guard: the cap replaces it (exact threshold when out of [lower*k, k])
+                return ThresholdOptions(self.local_recompute_every, self.band_lower, self.band_upper,
+                                        self.local_up, self.local_down, guard_loops=0, cap=1.0)
             return ThresholdOptions(self.local_recompute_every, self.band_lower, self.band_upper,
                                     self.local_up, self.local_down, self.guard_factor, self.guard_scale,
                                     self.guard_loops)
@@ -113,7 +157,9 @@ class OkTopk(SparseAlgorithm):
                                             sorted_indices=True, schedule=o.schedule)
         self.note("region_reduced", r_idx.numel())
 
-        if self.global_.due(step):
+        if o.bounded:
+            g_idx, g_val = self._bounded_global(r_idx, r_val, step)
+        elif self.global_.due(step):
             g_idx, g_val = self._exact_global(r_idx, r_val)
             self.note("exact_global_steps", 1)
         else:
@@ -143,6 +189,73 @@ class OkTopk(SparseAlgorithm):
                 self.global_.set_exact(float(top.values.min()))
         return all_idx[keep], all_val[keep]
 
+    def _bounded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor, step: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bounded control: keep at most ``cap`` (<= k) reduced entries in all, chosen by a threshold
+        recomputed (without moving values) when due or when the reused one leaves [lower*k, cap];
+        then allgather them, balanced when that is cheaper for the busiest rank."""
+        p, k, dev = self.comm.size, self.k, r_val.device
+        with self.selecting(dev):
+            mags = r_val.abs()
+            thr = self.global_.value
+            keep = passing(r_val, mags, thr) if thr is not None else torch.zeros_like(mags, dtype=torch.bool)
+        with self.phase("allgather"):  # every rank's kept count and volume so far, in one allgather
+            mine = torch.tensor([int(keep.sum()), self.step_sent()], dtype=torch.int64)
+            if p > 1:
+                mine = self.comm.all_gather(mine.to(self.comm._count_device())).cpu()
+                self.comm.stats.relabel_last("sparse_counts")
+            table = mine.view(p, 2)
+        counts, spent = table[:, 0].tolist(), int(table[:, 1].max())
+        cap = self._global_cap(spent, r_val.dtype)
+        due = self.global_.due(step)
+        low = int(min(self.options.band_lower * k, cap))
+        if due or not low <= sum(counts) <= cap:
+            # due: the exact top-cap; otherwise the middle half of the band, so that a count
+            # drifting up stays in the band for a while
+            quarter = (cap - low) // 4
+            with self.phase("threshold"):
+                thr = distributed_threshold(self.comm, r_val, cap - (0 if due else quarter),
+                                            cap if due else low + quarter)
+            if due:
+                self.global_.set_exact(thr)
+                self.note("exact_global_steps", 1)
+            else:
+                self.global_.value = thr
+                self.note("global_recomputes", 1)
+            keep = passing(r_val, mags, thr)
+            with self.phase("allgather"):
+                counts = gather_counts(self.comm, int(keep.sum()), dev) if p > 1 else [int(keep.sum())]
+        s_idx, s_val = r_idx[keep], r_val[keep]
+        total = sum(counts)
+        if p == 1 or total == 0:
+            return s_idx, s_val
+        # Busiest rank's elements: a plain allgatherv against balancing (its surplus is at most
+        # K - floor(K/P)) + an allgather of equal slices. Every rank knows the counts: same choice.
+        width = -(-total // p)
+        balanced = 2 * min(max(counts), total - total // p) + 2 * (p - 1) * width
+        if 2 * (p - 1) * max(counts) <= balanced:
+            with self.phase("allgather"):
+                g_idx, g_val, _ = allgatherv_pairs(self.comm, s_idx, s_val, self.n, counts)
+            return g_idx, g_val
+        with self.phase("balance"):
+            b_idx, b_val, owned = balance_pairs(self.comm, s_idx, s_val, self.n, counts)
+        with self.phase("allgather"):
+            return allgather_equal(self.comm, b_idx, b_val, owned)
+
+    def _global_cap(self, spent: int, dtype: torch.dtype) -> int:
+        """Largest total of kept entries whose allgather keeps every rank below the budget.
+
+        A rank that had sent ``spent`` elements before the count table then sends at most: the
+        table 2(P-1), the threshold probes, a count allgather (P-1), its balance surplus
+        2(K - floor(K/P)) and the allgather of the balanced slices 2(P-1)ceil(K/P); all together
+        <= 4K(P-1)/P + 2P + 3(P-1) + probes."""
+        p, k = self.comm.size, self.k
+        if p == 1:
+            return k
+        left = (self.options.volume_budget * k - 1 - spent - 3 * (p - 1) - probe_cost_bound(dtype, p)
+                - 2 * p)
+        return max(0, min(k, int(left * p // (4 * (p - 1)))))
+
     def _thresholded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep this region's reduced entries above the reused global threshold; allgather them."""
         with self.selecting(r_val.device):
@@ -168,6 +281,8 @@ class OkTopk(SparseAlgorithm):
             out["local_threshold"] = self.local.value
         if self.global_.value is not None:
             out["global_threshold"] = self.global_.value
+        if self.options.bounded:
+            out["local_recomputes"] = float(self.local.recomputes)   # cumulative
         return out
 
     def method_state(self) -> dict:

@@ -17,6 +17,15 @@ so far): ``volume`` (elements sent per step by this rank, indices + values + cou
 ``sent_<phase>``, ``local_selected``, ``select_ms``, ``residual_norm``, and ``probe_error`` when
 the selection-accuracy probe runs: ||top-k(dense average of acc) - update|| / ||dense average||,
 computed every ``probe_every`` steps with a dense allreduce kept out of the method's accounting.
+
+Worst cases over ranks and steps (a claim such as "< 6k per worker" must hold at every step on
+every rank, not on average on rank 0): each rank tracks the largest volume it sent in one sparse
+step since the previous log point, and ``metrics()`` (called by every rank at the same log points)
+reduces it and the cumulative mean with MAX over the ranks in one allreduce of two numbers, outside
+the Communicator's accounting like the training loop's control allreduce:
+``step_volume_over_k`` (this rank's largest step in the window, / k), ``step_volume_over_k_max``
+(the same, max over ranks) and ``volume_over_k_max`` (cumulative mean per sparse step, max over
+ranks).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from commlab.algorithms.base import Algorithm, StepInfo
 from commlab.algorithms.tensors import flat_grads, write_grads
@@ -80,6 +90,7 @@ class SparseAlgorithm(Algorithm):
         self.window: dict[str, float] = defaultdict(float)
         self.totals: dict[str, float] = defaultdict(float)
         self.last: dict[str, float] = {}
+        self._step_sent0 = 0
         self.setup_sparse()
 
     def setup_sparse(self) -> None:
@@ -100,6 +111,7 @@ class SparseAlgorithm(Algorithm):
             acc = self.memory.accumulate(flat_grads(self.params))
             c = self.comm.stats.counters
             sent0, recv0 = c["elements_sent"], c["elements_recv"]
+            self._step_sent0 = sent0
             warm = info.step < self.options.warmup_steps
             with self.comm.reduction():
                 update = self.dense_step(acc) if warm else \
@@ -143,6 +155,10 @@ class SparseAlgorithm(Algorithm):
             self.comm.stats.add_selection(box[0], seconds)
             self.window["select_seconds"] += seconds
 
+    def step_sent(self) -> int:
+        """Elements this rank has sent so far in the current step (for volume budgets)."""
+        return self.comm.stats.counters["elements_sent"] - self._step_sent0
+
     def note(self, key: str, value: float) -> None:
         """Add a per-step quantity to the window (reported as its mean per sparse step)."""
         self.window[key] += float(value)
@@ -151,6 +167,7 @@ class SparseAlgorithm(Algorithm):
         self.window["sparse_steps"] += 1
         self.window["volume"] += sent
         self.window["recv"] += recv
+        self.window["step_volume_max"] = max(self.window["step_volume_max"], sent)
         self.totals["sparse_steps"] += 1
         self.totals["volume"] += sent
         self.totals["recv"] += recv
@@ -160,22 +177,38 @@ class SparseAlgorithm(Algorithm):
         steps = w.get("sparse_steps", 0)
         if steps:
             for key, value in w.items():
-                if key not in ("sparse_steps", "dense_steps", "select_seconds"):
+                if key not in ("sparse_steps", "dense_steps", "select_seconds", "step_volume_max"):
                     out[key] = value / steps
             out["select_ms"] = 1000 * w.get("select_seconds", 0.0) / steps
             out["volume_over_k"] = out["volume"] / self.k
             out["recv_over_k"] = out["recv"] / self.k
+            out["step_volume_over_k"] = w["step_volume_max"] / self.k
         if self.totals.get("sparse_steps"):
             t = self.totals
             out["volume_over_k_mean"] = t["volume"] / (t["sparse_steps"] * self.k)
             out["recv_over_k_mean"] = t["recv"] / (t["sparse_steps"] * self.k)
             out["sparse_steps"] = t["sparse_steps"]
+        self._max_over_ranks(out, steps)
         out["dense_steps"] = w.get("dense_steps", 0.0)
         out["residual_norm"] = self.memory.norm()
         out.update(self.last)
         out.update(self.extra_metrics())
         self.window = defaultdict(float)
         return out
+
+    def _max_over_ranks(self, out: dict[str, float], steps: float) -> None:
+        """Add ``step_volume_over_k_max`` and ``volume_over_k_max``: this window's largest step
+        volume and the cumulative mean volume, max over the ranks (one allreduce of 2 numbers,
+        kept out of the method's accounting; every rank calls metrics() at the same steps)."""
+        mine = [out.get("step_volume_over_k", -1.0), out.get("volume_over_k_mean", -1.0)]
+        if self.comm.size > 1:
+            both = torch.tensor(mine, dtype=torch.float64, device=self.comm._count_device())
+            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.comm.group)
+            mine = both.tolist()
+        if steps:
+            out["step_volume_over_k_max"] = mine[0]
+        if self.totals.get("sparse_steps"):
+            out["volume_over_k_max"] = mine[1]
 
     def extra_metrics(self) -> dict[str, float]:
         """Method-specific instantaneous metrics (thresholds, ...)."""

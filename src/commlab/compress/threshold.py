@@ -10,6 +10,13 @@ raises it by ``guard_scale`` (1.03), at most ``guard_loops`` (5) times, while mo
 ``guard_factor``·k (3k/2) entries would pass. The global threshold of Ok-Topk uses the same
 machinery with up = 1.008, down = 1.01 and no guard.
 
+With ``cap`` set (Ok-Topk's bounded control) no step selects more than ``cap``·k entries: when
+more pass the reused threshold, the selection is the exact top-(cap·k), taken among those that
+pass (they contain it, so this costs a top-k over about k entries, not over the tensor); when
+fewer than ``lower``·k pass, the exact threshold is computed at that step. Either correction
+(counted in ``recomputes``) keeps for the next steps the threshold that selects the middle of
+[lower·k, cap·k], and ties at an exact threshold are trimmed to the cap.
+
 Selection keeps the entries with |x| >= threshold and x != 0: at density 1 (threshold 0) that is
 every non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
 of candidates the exact threshold is 0 (everything non-zero passes).
@@ -20,6 +27,7 @@ of candidates the exact threshold is 0 (everything non-zero passes).
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -37,6 +45,7 @@ class ThresholdOptions:
     guard_factor: float = 1.5  # guard: raise a reused threshold while more than this * k pass
     guard_scale: float = 1.03  # guard: factor of each raise
     guard_loops: int = 5  # guard: at most this many raises per step (0: no guard)
+    cap: float = 0.0  # > 0: never select more than cap*k; recompute exactly when out of [lower*k, cap*k]
 
     def validate(self) -> None:
         if self.recompute_every < 1:
@@ -50,6 +59,8 @@ class ThresholdOptions:
             raise ValueError(f"guard_factor must be >= 1, got {self.guard_factor}")
         if self.guard_loops < 0:
             raise ValueError(f"guard_loops must be >= 0, got {self.guard_loops}")
+        if self.cap and not self.lower <= self.cap:
+            raise ValueError(f"cap must be 0 (off) or >= lower ({self.lower}), got {self.cap}")
 
 
 def kth_largest(magnitudes: torch.Tensor, k: int) -> float:
@@ -90,6 +101,7 @@ class ThresholdEstimator:
         self.options.validate()
         self.value: float | None = None
         self.exact_computations = 0
+        self.recomputes = 0  # exact thresholds forced by the cap (count out of [lower*k, cap*k])
 
     def due(self, step: int) -> bool:
         """Whether ``step`` (counted from 0) recomputes the exact threshold."""
@@ -122,6 +134,8 @@ class ThresholdEstimator:
         Same result as :meth:`threshold` + :func:`select_at`, but the guard counts the mask it
         selects with, so a step without a guard raise reads the magnitudes once."""
         o = self.options
+        if o.cap:
+            return self._select_capped(x, magnitudes, k, step)
         if self.due(step):
             mask = passing(x, magnitudes, self.set_exact(kth_largest(magnitudes, k)))
         else:
@@ -137,6 +151,35 @@ class ThresholdEstimator:
         self.observe(idx.numel(), k)
         return idx
 
+    def _select_capped(self, x: torch.Tensor, magnitudes: torch.Tensor, k: int, step: int) -> torch.Tensor:
+        """At most cap*k entries: more pass the reused threshold -> the exact top-(cap*k) of those
+        that pass (they hold all of them: cheap, no pass over the whole tensor); fewer than
+        lower*k -> the exact threshold. After either, the threshold kept for the next steps
+        selects the middle of the band ((lower + cap)/2 · k), so that a count drifting up stays
+        in the band for a while instead of forcing a correction every step."""
+        o = self.options
+        cap = int(o.cap * k)
+        aim = max(1, math.ceil((o.lower + o.cap) / 2 * k))
+        due = self.due(step)
+        if due:
+            mask = passing(x, magnitudes, self.set_exact(kth_largest(magnitudes, k)))
+        else:
+            mask = passing(x, magnitudes, self.value)
+            if int(torch.count_nonzero(mask)) < o.lower * k and k < magnitudes.numel():
+                self.recomputes += 1
+                self.exact_computations += 1
+                top = torch.topk(magnitudes.reshape(-1), k, sorted=True).values
+                self.value = float(top[aim - 1])
+                mask = passing(x, magnitudes, float(top[-1]))
+        idx = torch.nonzero(mask).view(-1)
+        if idx.numel() > cap:   # ties at an exact threshold, or a reused one fallen behind
+            top = torch.topk(magnitudes.reshape(-1)[idx], cap, sorted=True)
+            idx = torch.sort(idx[top.indices]).values
+            if not due:
+                self.recomputes += 1
+                self.value = float(top.values[min(aim, cap) - 1])
+        return idx
+
     def observe(self, count: int, k: int) -> None:
         """Nudge the threshold for the next step from the number of entries it selected."""
         o = self.options
@@ -149,11 +192,12 @@ class ThresholdEstimator:
 
     def state_dict(self) -> dict:
         return {"value": self.value, "exact_computations": self.exact_computations,
-                "options": asdict(self.options)}
+                "recomputes": self.recomputes, "options": asdict(self.options)}
 
     def load_state_dict(self, state: dict) -> None:
         self.value = state["value"]
         self.exact_computations = int(state.get("exact_computations", 0))
+        self.recomputes = int(state.get("recomputes", 0))
 
 
 @SELECTORS.register("threshold_estimation")

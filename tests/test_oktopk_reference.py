@@ -1,0 +1,74 @@
+"""Ok-Topk against a brute-force reference below density 1, with exact thresholds every step.
+
+With local_recompute_every = global_recompute_every = 1 Ok-Topk is exactly: every rank selects
+the top-k of |acc_r| (acc_r = g_r + residual_r), the selected values are summed over the ranks,
+the top-k of |sum| is kept and divided by P, and each rank's residual is acc_r with the entries it
+sent *and* that were kept set to zero. The reference computes that in one process from every
+rank's gradients (float64, continuous: no ties, so the ">= k-th largest" convention of
+:mod:`commlab.compress.threshold` and a strict top-k select the same entries) and the distributed
+result must match it for several steps, under both threshold controls, at P = 2, 3 and 4.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from commlab.algorithms.base import StepInfo
+from commlab.testing import run_distributed
+from test_oktopk_volume import make_oktopk
+
+N, DENSITY, STEPS = 10_000, 0.05, 5
+
+
+def grad(rank: int, step: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(104_729 * step + rank)
+    return torch.randn(N, generator=g, dtype=torch.float64) * (1 + rank)
+
+
+def reference(world: int, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Updates per step and final residuals per rank, computed in one process."""
+    residual = [torch.zeros(N, dtype=torch.float64) for _ in range(world)]
+    updates = []
+    for step in range(STEPS):
+        acc = [grad(r, step) + residual[r] for r in range(world)]
+        chosen = [torch.topk(a.abs(), k).indices for a in acc]
+        total = torch.zeros(N, dtype=torch.float64)
+        for a, idx in zip(acc, chosen, strict=True):
+            total[idx] += a[idx]
+        kept = torch.topk(total.abs(), k).indices
+        update = torch.zeros(N, dtype=torch.float64)
+        update[kept] = total[kept] / world
+        updates.append(update)
+        kept_mask = torch.zeros(N, dtype=torch.bool)
+        kept_mask[kept] = True
+        for r in range(world):
+            applied = chosen[r][kept_mask[chosen[r]]]
+            residual[r] = acc[r].clone()
+            residual[r][applied] = 0
+    return updates, residual
+
+
+def body(rank: int, world: int, control: str) -> dict:
+    algo = make_oktopk(N, {"density": DENSITY, "warmup_steps": 0, "local_recompute_every": 1,
+                           "global_recompute_every": 1, "repartition_every": 2,
+                           "threshold_control": control}, dtype=torch.float64)
+    updates = []
+    for step in range(STEPS):
+        algo.model.w.grad = grad(rank, step)
+        algo.after_backward(StepInfo(step, 0, 0.1))
+        updates.append(algo.model.w.grad.clone())
+    return {"k": algo.k, "updates": updates, "residual": algo.memory.residual.clone()}
+
+
+@pytest.mark.parametrize("control", ["bounded", "release"])
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_exact_thresholds_match_brute_force_top_k_of_sum(world, control):
+    results = run_distributed(body, world, args=(control,), timeout_s=120)
+    k = results[0]["k"]
+    want_updates, want_residual = reference(world, k)
+    for rank, res in enumerate(results):
+        for step, (got, want) in enumerate(zip(res["updates"], want_updates, strict=True)):
+            assert int((got != 0).sum()) == k, f"rank {rank} step {step}: not k entries"
+            assert torch.allclose(got, want, rtol=0, atol=1e-12), f"rank {rank} step {step}"
+        assert torch.allclose(res["residual"], want_residual[rank], rtol=0, atol=1e-12), f"rank {rank}"

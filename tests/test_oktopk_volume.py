@@ -1,0 +1,93 @@
+"""Ok-Topk's volume per rank at every step, and its selection against a brute-force reference.
+
+1. Volume: on a stream of i.i.d. heavy-tailed gradients (Student-t, 2 degrees of freedom, with a
+   scale drifting by a factor 4 over the run) every rank's elements sent per sparse step stay
+   below 6k at every step after the dense warm-up with the bounded threshold control (the
+   default), at P = 2, 4, 8, 16 and 32 (slow: 32 processes); the release's control (reused thresholds nudged by
+   1.012 / 1.01 / 1.008) exceeds 6k on the same stream, so the check can fail.
+2. Reference: with exact thresholds every step (local_recompute_every = global_recompute_every =
+   1) the update and every rank's residual equal a brute-force computation in one process: each
+   rank's local top-k of |g + residual|, the sum over ranks, its global top-k, divided by P.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
+from commlab.core.communicator import Communicator
+from commlab.core.runtime import Runtime
+from commlab.registry import ALGORITHMS
+from commlab.testing import run_distributed
+
+
+class Flat(nn.Module):
+    """A model that is one parameter vector of n elements (gradients are set directly)."""
+
+    def __init__(self, n: int, dtype: torch.dtype):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(n, dtype=dtype))
+
+
+def make_oktopk(n: int, params: dict, dtype: torch.dtype = torch.float32):
+    comm = Communicator()
+    cls = ALGORITHMS.get("oktopk")
+    rt = Runtime(comm.rank, comm.size, comm.rank, "gloo", torch.device("cpu"))
+    ctx = AlgoContext(rt, {"lr": 0.1}, seed=0, steps_per_epoch=100, total_steps=100)
+    algo = cls(Flat(n, dtype), comm, parse_options(cls.Options, params), ctx)
+    algo.setup()
+    return algo
+
+
+def heavy_tailed(rank: int, step: int, n: int, steps: int, dtype=torch.float32) -> torch.Tensor:
+    """Student-t (2 d.o.f.) entries, i.i.d. over ranks and steps; scale drifts from 1 to 4."""
+    g = torch.Generator().manual_seed(1_000_003 * step + rank)
+    normal = torch.randn(n, generator=g, dtype=torch.float64)
+    chi2 = torch.randn(2, n, generator=g, dtype=torch.float64).pow(2).sum(0)
+    scale = 4.0 ** (step / max(1, steps - 1))
+    return (scale * normal / torch.sqrt(chi2 / 2)).to(dtype)
+
+
+def volume_body(rank: int, world: int, n: int, steps: int, params: dict) -> dict:
+    """Elements sent by this rank at each step (sparse steps only), and the logged maxima."""
+    algo = make_oktopk(n, params)
+    c = algo.comm.stats.counters
+    sent, logged = [], []
+    for step in range(steps):
+        algo.model.w.grad = heavy_tailed(rank, step, n, steps)
+        s0 = c["elements_sent"]
+        algo.after_backward(StepInfo(step, 0, 0.1))
+        if step >= algo.options.warmup_steps:
+            sent.append(c["elements_sent"] - s0)
+        if (step + 1) % 10 == 0:
+            logged.append(algo.metrics())
+    return {"k": algo.k, "sent": sent, "logged": logged}
+
+
+def run_volume(world: int, control: str, n: int = 50_000, steps: int = 60, density: float = 0.01) -> dict:
+    params = {"density": density, "warmup_steps": 10, "threshold_control": control}
+    per_rank = run_distributed(volume_body, world, args=(n, steps, params), timeout_s=300)
+    k = per_rank[0]["k"]
+    per_step = torch.tensor([r["sent"] for r in per_rank], dtype=torch.float64).max(0).values / k
+    return {"k": k, "per_step_max": per_step, "ranks": per_rank}
+
+
+@pytest.mark.parametrize("world", [2, 4, 8, 16, pytest.param(32, marks=pytest.mark.slow)])
+def test_bounded_control_keeps_every_step_below_6k(world):
+    res = run_volume(world, "bounded")
+    worst = float(res["per_step_max"].max())
+    assert worst < 6, f"P={world}: a rank sent {worst:.2f}k in one step"
+    # The logged maxima over ranks are the per-step maxima of the windows.
+    windows = res["per_step_max"].view(-1, 10).max(1).values
+    logged = [m["step_volume_over_k_max"] for m in res["ranks"][0]["logged"][1:]]
+    assert torch.allclose(torch.tensor(logged, dtype=torch.float64), windows, rtol=1e-12)
+    for r in res["ranks"]:
+        assert r["logged"][-1]["volume_over_k_max"] == res["ranks"][0]["logged"][-1]["volume_over_k_max"]
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_release_control_exceeds_6k_on_the_same_stream(world):
+    res = run_volume(world, "release")
+    assert float(res["per_step_max"].max()) > 6
