@@ -21,6 +21,9 @@ rule bench:
 
 
 rule bench_measure:
+    input:
+        # the prepared datasets first: a benchmark trains on Fashion-MNIST when it is there
+        data=data_markers(),
     output:
         json="reports/bench/{name}.json",
         md="reports/bench/{name}.md",
@@ -41,6 +44,7 @@ rule bench_measure:
 rule bench_scaling:
     input:
         profiles="reports/bench/throughput.json",
+        data=data_markers(),
     output:
         json="reports/bench/scaling.json",
         md="reports/bench/scaling.md",
@@ -57,6 +61,8 @@ rule bench_scaling:
 
 
 rule bench_throughput_model:
+    input:
+        data=data_markers(),
     output:
         json="reports/bench/throughput_{model}.json",
         md="reports/bench/throughput_{model}.md",
