@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 SYNTHETIC = {"dataset": "synthetic", "model": "mlp"}
 # Two runs of one seed and world size 2: two workers on one node, one worker on each of two nodes.
+DELAY = {"testing": {"step_delay_s": 0.3}}
 SMOKE = {"seeds": [0], "scales": {"smoke": {"seeds": [0]}}}
 GRID = {**SMOKE, "base": {"workers": 2, "train": {"epochs": 1, "train_subset": 1024, "test_subset": 500}},
         "runs": {"one_node": {"method": "ssgd"}, "two_nodes": {"method": "ssgd", "nodes": 2, "workers": 1}}}
@@ -33,11 +34,10 @@ GRID = {**SMOKE, "base": {"workers": 2, "train": {"epochs": 1, "train_subset": 1
 def slow_grid(name: str) -> dict:
     """A run long enough to be interrupted: 4 x 16 steps, 0.3 s after each (DELAY), a checkpoint per epoch."""
     train = {"epochs": 4, "train_subset": 1024, "test_subset": 500, "log_every": 4}
-    return {**SMOKE, "base": {"workers": 2, "train": train}, "runs": {name: {"method": "ssgd"}}}
+    return {**SMOKE, "base": {"workers": 2, "train": train, **DELAY}, "runs": {name: {"method": "ssgd"}}}
 
 
 
-DELAY = {"COMMLAB_STEP_DELAY_S": "0.3"}
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_two_nodes_train_like_one(cluster, mlflow_uri, tmp_path):
 
 def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
     proj = project_copy(tmp_path / "proj", slow_grid("requeued"), papers=["slurmcheck"], defaults=SYNTHETIC)
-    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck", env=DELAY)
+    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck")
     wait_for(lambda: any(p.exists() for p in proj.glob("results/**/checkpoints/latest.json")), timeout=300,
              job=smk, poll=0.5)  # mid-run: after the first epoch
     job = _running(cluster, "requeued")
@@ -150,7 +150,7 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
 
 def test_killed_node_fails_the_job_and_the_requeued_job_finishes(cluster, mlflow_uri, tmp_path):
     proj = project_copy(tmp_path / "proj", slow_grid("node_killed"), papers=["slurmcheck"], defaults=SYNTHETIC)
-    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck", env=DELAY)
+    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck")
     try:
         wait_for(lambda: any(p.exists() for p in proj.glob("results/**/checkpoints/latest.json")), timeout=300,
                  job=smk, poll=0.5)  # after the first epoch's checkpoint

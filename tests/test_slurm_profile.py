@@ -147,7 +147,7 @@ def test_profile_submits_gpu_jobs_that_launch_one_torchrun_per_node(tmp_path):
     assert "torch.distributed.run" in workers and "--nnodes=2" in workers
     assert "--nproc-per-node=2" in workers and "--rdzv-backend=c10d" in workers
     assert "--rdzv-endpoint=node001:29501" in workers  # 29500 + job id 1001 % 1000
-    assert " ".join(workers).endswith(f"-m commlab train --config results/baseline/ssgd/seed0/config.yaml "
+    assert " ".join(workers).endswith(f"-m commlab.loop --config results/baseline/ssgd/seed0/config.yaml "
                                       f"--sentinel {sentinel}")
     assert (proj / sentinel).exists() and (proj / "results/baseline/ssgd/seed0/.complete").exists()
     # The status of submitted jobs is polled with sacct (or squeue); nothing is cancelled.

@@ -28,35 +28,10 @@ def _cmd_list(args) -> int:
     return 0
 
 
-def _say_once(message: str) -> None:
-    """Under torchrun every rank hits the same config error: print it once."""
-    import os
-
-    if os.environ.get("RANK", "0") == "0":
-        print(message, file=sys.stderr)
-
-
 def _cmd_train(args) -> int:
-    from commlab.config import ConfigError, load_config
+    from commlab.loop.worker import run
 
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        _say_once(f"commlab train: {err}")
-        return 2
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(config, sort_keys=False))
-        return 0
-    from commlab.train import train
-
-    try:
-        train(config, sentinel=args.sentinel)
-    except (FileNotFoundError, ValueError) as err:
-        _say_once(f"commlab train: {err}")
-        return 2
-    return 0
+    return run(args)
 
 
 def _cmd_data(args) -> int:
@@ -153,6 +128,7 @@ def _cmd_grid(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from commlab.launch import add_arguments as launch_arguments  # one definition of the launch options
+    from commlab.loop.worker import add_arguments as train_arguments  # and of the train options
 
     parser = argparse.ArgumentParser(prog="commlab", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -165,10 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run one experiment",
                        description="Run one experiment. Under torchrun every worker runs this; alone it is "
                                    "a world of one worker. Overrides are dotted keys: train.lr=0.1 seed=3.")
-    p.add_argument("--config", help="run config YAML (defaults apply to missing keys)")
-    p.add_argument("--sentinel", help="write the run record JSON here (default: <output_dir>/sentinel.json)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    train_arguments(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("launch", help="start one experiment's workers (torchrun; srun across nodes)",

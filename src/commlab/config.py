@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
         "checkpoint_every_epochs": 1,
         "grad_clip": None,
     },
-    "tracking": {"enabled": True, "uri": None, "experiment": None},
+    "tracking": {"enabled": True, "uri": None, "experiment": None, "log_checkpoints": False},
 }
 
 
@@ -184,6 +184,14 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def run_dir(config: dict) -> Path:
+    """The run's folder (checkpoints, outputs, sentinel): ``output_dir``, else
+    ``results/<paper>/<name>/seed<seed>``."""
+    if config.get("output_dir"):
+        return Path(config["output_dir"])
+    return Path("results") / config["paper"] / (config.get("name") or config["method"]) / f"seed{config['seed']}"
 
 
 def dump_config(config: dict, path: str | Path) -> None:

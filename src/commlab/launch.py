@@ -11,12 +11,12 @@
 * ``max_restarts > 0`` lets torchrun restart failed workers, which resume from the last checkpoint;
 * emulated network (config ``network: {bandwidth_mbit: ..., latency_ms: ...}`` or ``--network-mbit``,
   spec 8 part 1): :mod:`commlab.netem` builds one namespace per worker with shaped links, and each
-  worker starts directly inside its namespace (``ip netns exec <ns> python -m commlab train ...``)
+  worker starts directly inside its namespace (``ip netns exec <ns> python -m commlab.loop ...``)
   with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT/GLOO_SOCKET_IFNAME set. This module then
   supervises them as torchrun does: one worker failing stops the others and the launch exits
   non-zero naming the rank; SIGTERM/SIGINT are forwarded (workers checkpoint and exit 143); the
-  namespaces are always torn down. The measured link throughput reaches the workers as JSON in
-  ``COMMLAB_NETWORK_JSON`` so that rank 0 logs it as MLflow params.
+  namespaces are always torn down. The links as built and their measured throughput reach the
+  workers as a config override (``network.emulated``), so that rank 0 logs them as MLflow params.
 
 The config is validated here first, so a bad key fails before any worker starts.
 """
@@ -36,7 +36,6 @@ from collections.abc import Callable
 
 from commlab.config import ConfigError, load_config
 
-NETWORK_ENV = "COMMLAB_NETWORK_JSON"  # the emulated network's params, for rank 0 to log
 MASTER_PORT = 29500  # each emulated run has private namespaces: a fixed port cannot collide
 
 
@@ -65,10 +64,18 @@ def srun_env() -> dict[str, str]:
             if k in keep or not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))}
 
 
-def train_argv(config_path: str, sentinel: str | None) -> list[str]:
-    """``-m commlab train`` arguments of one worker."""
-    train = ["-m", "commlab", "train", "--config", config_path]
-    return train + (["--sentinel", sentinel] if sentinel else [])
+def train_argv(config_path: str, sentinel: str | None, overrides: list[str] = ()) -> list[str]:
+    """``-m commlab.loop`` arguments of one worker (the worker entry point, :mod:`commlab.loop.worker`)."""
+    train = ["-m", "commlab.loop", "--config", config_path]
+    return train + (["--sentinel", sentinel] if sentinel else []) + list(overrides)
+
+
+def network_override(net) -> str:
+    """The ``network=...`` config override that tells an emulated run's workers the links as
+    built and measured (``network.emulated``, logged by rank 0 as ``network_*`` params)."""
+    import dataclasses
+
+    return "network=" + json.dumps({**dataclasses.asdict(net.spec), "emulated": net.params}, sort_keys=True)
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]  # the `torchrun` command
@@ -190,7 +197,6 @@ def run_in_network(net, argv: list[str], extra_env: dict | None = None, log: str
                    **supervise_kw) -> int:
     """Run one worker per namespace of ``net`` (an up :class:`~commlab.netem.EmulatedNetwork`)."""
     extra_env = dict(extra_env or {})
-    extra_env.setdefault(NETWORK_ENV, json.dumps(net.params, sort_keys=True))
     procs = start_workers(argv, net.world_size,
                           env=lambda rank: {**net.env(rank), "MASTER_PORT": str(MASTER_PORT), **extra_env},
                           prefix=net.exec_prefix, log=log)
@@ -212,6 +218,7 @@ def run_on_loopback(argv: list[str], world_size: int, extra_env: dict | None = N
 def network_section(config: dict, mbit: float | None = None, latency_ms: float | None = None) -> dict | None:
     """The config's ``network`` section with command-line overrides applied."""
     section = dict(config.get("network") or {})
+    section.pop("emulated", None)  # what an earlier launch built: rebuilt here
     if mbit is not None:
         section["bandwidth_mbit"] = mbit
     if latency_ms is not None:
@@ -244,7 +251,7 @@ def launch_emulated(config: dict, config_path: str, sentinel: str | None, sectio
         for attempt in range(config.get("max_restarts", 0) + 1):
             if attempt:
                 print(f"[commlab launch] restart {attempt}: workers resume from the last checkpoint", flush=True)
-            rc = run_in_network(net, train_argv(config_path, sentinel))
+            rc = run_in_network(net, train_argv(config_path, sentinel, [network_override(net)]))
             if rc == 0:
                 break
         return rc
@@ -287,7 +294,7 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
 
 # Imported once by the fork server that every single-node worker is forked from. torch._dynamo
 # is listed because torch.optim imports it on the first optimizer it builds (~2 s of CPU).
-WORKER_PRELOAD = ["torch", "torch._dynamo", "commlab.train", "commlab.cli"]
+WORKER_PRELOAD = ["torch", "torch._dynamo", "commlab.loop.loop", "commlab.loop.worker"]
 
 
 def start_worker_server() -> None:
@@ -315,9 +322,9 @@ def start_worker_server_early(config_path: str) -> None:
 
 
 def run_worker(argv: list[str]) -> None:
-    """One worker: the ``commlab`` command ``argv`` (``train --config ...``) in a process forked by
-    torchrun's agent; its exit status is the command's."""
-    from commlab.cli import main
+    """One worker: :mod:`commlab.loop.worker` on ``argv`` (``--config ...``) in a process forked by
+    torchrun's agent; its exit status is the worker's."""
+    from commlab.loop.worker import main
 
     rc = main(argv)
     if rc:
@@ -332,7 +339,7 @@ def run_torchrun(args: list[str]) -> int:
     interpreter importing torch, and workers forked from a fork server that imported torch and the
     training loop once (:data:`WORKER_PRELOAD`) instead of ``workers`` fresh interpreters each
     importing them (~5 s of CPU apiece). The workers run :func:`run_worker` on the arguments of
-    the ``-m commlab`` command in ``args``. On SIGTERM/SIGINT the agent forwards the signal to the workers,
+    the ``-m commlab.loop`` command in ``args``. On SIGTERM/SIGINT the agent forwards the signal to the workers,
     waits for them (they checkpoint) and this returns 128 + the signal; a failed worker stops the
     others and the failure table names its rank (exit 1)."""
     import uuid

@@ -151,7 +151,7 @@ class Workdir:
 def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "") -> dict:
     """Run one training config on its workers (in ``net`` if given) and return what it logged:
     ``{"rc", "seconds", "points": [{step, key: value}], "final", "log"}``."""
-    from commlab.launch import run_in_network, run_on_loopback
+    from commlab.launch import network_override, run_in_network, run_on_loopback, train_argv
 
     workdir.count += 1
     folder = workdir.path / f"run{workdir.count:03d}"
@@ -161,7 +161,7 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     config["train"] = {**config.get("train", {}), "checkpoint_every_epochs": 0}
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     sentinel = folder / "sentinel.json"
-    argv = ["-m", "commlab", "train", "--config", str(folder / "config.yaml"), "--sentinel", str(sentinel)]
+    argv = train_argv(str(folder / "config.yaml"), str(sentinel), [network_override(net)] if net else [])
     env = {"MLFLOW_TRACKING_URI": workdir.uri, "OMP_NUM_THREADS": str(config.get("threads", 1))}
     log = str(folder / "train.log")
     t0 = time.perf_counter()
