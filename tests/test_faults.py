@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from commlab.jobtools import (
+from commlab.testing.jobs import (
     checkpoint_step,
     reap,
     signal_job,

@@ -13,7 +13,8 @@ import signal
 import pytest
 import torch
 
-from commlab.jobtools import (
+from commlab.registry import ALGORITHMS
+from commlab.testing.jobs import (
     checkpoint_step,
     is_timing,
     reap,
@@ -23,7 +24,6 @@ from commlab.jobtools import (
     wait_for,
     write_config,
 )
-from commlab.registry import ALGORITHMS
 
 pytestmark = pytest.mark.slow
 

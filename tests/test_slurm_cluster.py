@@ -1,6 +1,6 @@
 """The SLURM profile on a real Slurm 22.05 (Debian's slurmctld, slurmd, slurmdbd, munge, MariaDB):
 one controller and two compute nodes on this machine, each in its own network and UTS namespace
-(commlab.localslurm), an MLflow tracking server on the login side, Snakemake with
+(commlab.launch.localslurm), an MLflow tracking server on the login side, Snakemake with
 workflow/profiles/slurm submitting every training run with sbatch.
 
 Checked: the smoke grid (baseline paper, synthetic data) completes with every run FINISHED in
@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from commlab.jobtools import checkpoint_step, is_timing, run_history, wait_for
+from commlab.testing.jobs import checkpoint_step, is_timing, run_history, wait_for
 from slurm_cluster import MlflowServer, finish, mlflow_runs, project_copy, snakemake, start_cluster, stop_started
 
 pytestmark = pytest.mark.slow

@@ -16,6 +16,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from commlab.options import parse_options
 from commlab.registry import ALGORITHMS, DATASETS, MODELS
 
 DEFAULTS: dict[str, Any] = {
@@ -126,8 +127,6 @@ def validate_config(config: dict) -> None:
         if config[key] not in registry:
             raise ConfigError(f"config key {key}: unknown {registry.kind} {config[key]!r}; "
                               f"known: {', '.join(registry.names())}")
-    from commlab.algorithms.base import parse_options
-
     try:
         parse_options(ALGORITHMS.get(config["method"]).Options, config.get("method_params"),
                       where="config key method_params")

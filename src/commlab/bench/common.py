@@ -3,7 +3,7 @@
 Every benchmark writes ``reports/bench/<name>.json`` (machine-readable, with an ``environment``
 block naming the host, the device and the commit) and ``reports/bench/<name>.md`` (a short
 summary). Training-based benchmarks run ``commlab train`` on their workers, on loopback or inside
-an :class:`~commlab.netem.EmulatedNetwork`, with a private MLflow store, and read the logged
+an :class:`~commlab.launch.netem.EmulatedNetwork`, with a private MLflow store, and read the logged
 cumulative counters back to get per-step time, compute, bytes and collectives.
 """
 
@@ -64,7 +64,7 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def emulation_unavailable() -> str | None:
     """Why namespaces cannot be built here, or None when they can."""
-    from commlab.netem import NetemError, preflight
+    from commlab.launch.netem import NetemError, preflight
 
     try:
         preflight()
@@ -124,7 +124,7 @@ def network_context(net: float | str, workers: int):
     if net == "loopback":
         yield None
         return
-    from commlab.netem import EmulatedNetwork, NetworkSpec
+    from commlab.launch.netem import EmulatedNetwork, NetworkSpec
 
     spec = NetworkSpec(bandwidth_mbit=None if net == "unshaped" else float(net))
     with EmulatedNetwork(workers, spec) as emulated:
@@ -151,7 +151,8 @@ class Workdir:
 def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "") -> dict:
     """Run one training config on its workers (in ``net`` if given) and return what it logged:
     ``{"rc", "seconds", "points": [{step, key: value}], "final", "log"}``."""
-    from commlab.launch import network_override, run_in_network, run_on_loopback, train_argv
+    from commlab.launch import run_in_network, run_on_loopback
+    from commlab.launch.torchrun import network_override, train_argv
 
     workdir.count += 1
     folder = workdir.path / f"run{workdir.count:03d}"

@@ -55,6 +55,7 @@ from commlab.loop.runstate import (
 )
 from commlab.models import build_model
 from commlab.optim import lr_at, set_lr
+from commlab.options import parse_options
 from commlab.registry import ALGORITHMS
 
 __all__ = ["EXIT_PREEMPTED", "Run", "steps", "train"]
@@ -133,8 +134,6 @@ class Run:
         self.comm = Communicator(stats=CommStats())
         algo_cls = ALGORITHMS.get(config["method"])
         if options is None:
-            from commlab.algorithms.base import parse_options
-
             options = parse_options(algo_cls.Options, config.get("method_params"))
         ctx = AlgoContext(rt, self.tcfg, config["seed"], data.steps_per_epoch, data.total_steps,
                           extras={"workers_per_node": config["workers"]})
