@@ -106,7 +106,7 @@ def test_two_nodes_train_like_one(cluster, mlflow_uri, tmp_path):
     proj = project_copy(tmp_path / "proj", GRID, papers=["slurmcheck"], defaults=SYNTHETIC)
     finish(snakemake(proj, cluster, mlflow_uri, "train_slurmcheck"), proj)
     runs = mlflow_runs(mlflow_uri)
-    one, two = runs["one_node-seed0"], runs["two_nodes-seed0"]
+    one, two = runs["one_node-seed0-smoke"], runs["two_nodes-seed0-smoke"]
     assert one.info.status == two.info.status == "FINISHED"
     # the two-node job held both nodes and its torchrun step ran one task on each
     two_nodes = [j for j in _jobs(cluster, "two_nodes") if j["state"] == "COMPLETED"]
@@ -136,12 +136,12 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
     assert "SIGTERM: the workers were stopped; exit 143" in train_log, train_log[-3000:]
     steps = [checkpoint_step(p.parents[1]) for p in proj.glob("results/**/checkpoints/latest.json")]
     assert steps[0] % 16 != 0, steps  # written on SIGTERM, mid-epoch (16 steps per epoch)
-    assert mlflow_runs(mlflow_uri)["requeued-seed0"].info.status == "KILLED"
+    assert mlflow_runs(mlflow_uri)["requeued-seed0-smoke"].info.status == "KILLED"
     cluster.slurm("scontrol", "update", f"JobId={job['id']}", "StartTime=now")  # skip the two minutes
     finish(smk, proj)
     attempts = [j for j in _jobs(cluster, "requeued")]
     assert [j["state"] for j in attempts] == ["REQUEUED", "COMPLETED"] and len({j["id"] for j in attempts}) == 1
-    runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "requeued-seed0"]
+    runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "requeued-seed0-smoke"]
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     history = _steps_unique(mlflow_uri, runs[0].info.run_id)
     assert [s for s, _ in history["train_loss"]][-1] == 64  # 4 epochs x 16 steps, every one logged once
@@ -175,7 +175,7 @@ def test_killed_node_fails_the_job_and_the_requeued_job_finishes(cluster, mlflow
     assert [(j["state"], j["nodes"]) for j in attempts][0] == ("NODE_FAIL", job["nodes"]), attempts
     assert attempts[-1]["state"] == "COMPLETED" and attempts[-1]["nodes"] != job["nodes"], attempts
     assert "NODE_FAIL" not in log or "Leaving it to SLURM to requeue the job" in log  # no second submission
-    runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "node_killed-seed0"]
+    runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "node_killed-seed0-smoke"]
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     history = _steps_unique(mlflow_uri, runs[0].info.run_id)
     assert [s for s, _ in history["train_loss"]][-1] == 64

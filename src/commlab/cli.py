@@ -84,13 +84,13 @@ def _cmd_mlflow_init(args) -> int:
 
 
 def _cmd_grid(args) -> int:
-    """List a paper's grid, or run it cell by cell (sequentially, each under torchrun)."""
+    """List a paper's grid, or run it cell by cell (sequentially, each through ``commlab launch``)."""
     import subprocess
     import time
 
     import yaml
 
-    from commlab.config import ConfigError
+    from commlab.config import ConfigError, run_dir
     from commlab.grid import resolve_grid
 
     defaults = {}
@@ -108,15 +108,12 @@ def _cmd_grid(args) -> int:
         return 0
     started = time.perf_counter()
     for (name, seed), config in selected.items():
-        # Scales get their own folders: a checkpoint of one scale must never resume another.
-        scale_dir = Path(args.results) if args.scale == "laptop" else Path(args.results) / args.scale
-        folder = scale_dir / args.paper / name / f"seed{seed}"
+        folder = run_dir(config, root=args.results)  # scales get their own folders
         folder.mkdir(parents=True, exist_ok=True)
         config = {**config, "output_dir": str(folder)}
         (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={config['workers']}", "-m", "commlab", "train",
-               "--config", str(folder / "config.yaml"), "--sentinel", str(folder / "sentinel.json")]
+        cmd = [sys.executable, "-m", "commlab", "launch", "--config", str(folder / "config.yaml"),
+               "--sentinel", str(folder / "sentinel.json")]
         t0 = time.perf_counter()
         rc = subprocess.call(cmd)
         print(f"[grid] {args.paper}/{name}/seed{seed}: exit {rc} in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -177,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("grid", help="list or run a paper's experiment grid without Snakemake",
                        description="List the runs of config/papers/PAPER.yaml at a scale; with --run, run "
-                                   "them one after another under torchrun (Snakemake does this in parallel).")
+                                   "them one after another through commlab launch (Snakemake does this in parallel).")
     p.add_argument("paper")
     p.add_argument("--scale", default="laptop", help="laptop (default), smoke or paper")
     p.add_argument("--run", action="store_true", help="run the cells (default: only list them)")

@@ -35,9 +35,10 @@ rule paper_report:
     params:
         out=lambda wildcards, output: Path(output.html).parent.parent,
         notebooks=lambda wildcards, input: Path(input.notebook).parent,
+        results=RESULTS,
     shell:
         "python -m commlab report --paper {wildcards.paper} --out {params.out} "
-        "--notebooks {params.notebooks} --results results > {log} 2>&1"
+        "--notebooks {params.notebooks} --results {params.results} > {log} 2>&1"
 
 
 rule report_index:

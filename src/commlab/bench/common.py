@@ -22,6 +22,8 @@ from pathlib import Path
 
 import yaml
 
+from commlab.config import apply_override
+
 OUT_DIR = "reports/bench"
 POINT_KEYS = ("wall_seconds", "samples", "compute_seconds", "comm_seconds", "bytes_sent", "bytes_recv",
               "collectives_global", "collectives_local", "reductions_global", "blocked_seconds",
@@ -259,8 +261,10 @@ def base_config(args, method: str, workers: int, steady: bool = True) -> dict:
               "train": {"epochs": getattr(args, "epochs", 1), "batch_size": args.batch_size, "lr": args.lr,
                         "log_every": args.log_every, "max_steps": getattr(args, "max_steps", None)}}
     params = grid_method_params(method) if getattr(args, "options", "defaults") == "grid" else {}
-    params.update({k.split(".", 1)[1]: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in args.param or [])
-                   if k.split(".", 1)[0] == method})
+    chosen: dict = {}
+    for assignment in args.param or []:  # METHOD.KEY=VALUE, parsed as run-config overrides are
+        apply_override(chosen, assignment)
+    params.update(chosen.get(method) or {})
     if steady and getattr(args, "no_warmup", False):
         from dataclasses import fields
 

@@ -45,6 +45,9 @@ class RunLogger(NullLogger):
 
         self.tracker = RunTracker(params, tags, run_id=run_id)
         super().__init__(self.tracker.run_id, 0)
+        if params.get("scale") and self.tracker.run_id != run_id:  # a new run: the scale in its name
+            name = f"{params.get('name') or params['method']}-seed{params['seed']}-{params['scale']}"
+            self.tracker.set_tag("mlflow.runName", name)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.tracker.log_metrics(metrics, step)

@@ -186,7 +186,7 @@ class Run:
                 "name": config.get("name") or config["method"], "seed": str(config["seed"]),
                 "workers": str(rt.world_size), "backend": rt.backend, "git_commit": git_commit(),
                 "data_hash": str(self.data.meta.get("content_hash")), "model": config["model"],
-                "dataset": config["dataset"]}
+                "dataset": config["dataset"], "scale": config.get("scale") or "adhoc"}
         emulated = (config.get("network") or {}).get("emulated")
         if emulated:
             tags["network"] = str(emulated.get("network_label", emulated.get("network_bandwidth_mbit")))

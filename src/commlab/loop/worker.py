@@ -29,10 +29,10 @@ def _say_once(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train the config ``args`` name; the exit status."""
-    from commlab.config import ConfigError, load_config
+    from commlab.config import ConfigError, load_run
 
     try:
-        config = load_config(args.config, args.overrides)
+        config, options = load_run(args.config, args.overrides)
     except ConfigError as err:
         _say_once(f"commlab train: {err}")
         return 2
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from commlab.loop.loop import train
 
     try:
-        train(config, sentinel=args.sentinel)
+        train(config, sentinel=args.sentinel, options=options)
     except (FileNotFoundError, ValueError) as err:
         _say_once(f"commlab train: {err}")
         return 2
