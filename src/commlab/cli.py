@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", action="store_true", help="rebuild reports/index.html from the claims tables")
     p.add_argument("--out", default="reports", help="output folder (default: reports)")
     p.add_argument("--notebooks", default="workflow/notebooks", help="notebook folder")
-    p.add_argument("--results", default="results", help="folder of run sentinels")
+    p.add_argument("--results", default="results/laptop",
+                   help="folder of one scale's run sentinels (default: results/laptop)")
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("grid", help="list or run a paper's experiment grid without Snakemake",
@@ -179,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", default="laptop", help="laptop (default), smoke or paper")
     p.add_argument("--run", action="store_true", help="run the cells (default: only list them)")
     p.add_argument("--only", nargs="*", help="run names to keep")
-    p.add_argument("--results", default="results", help="output folder (default: results)")
+    p.add_argument("--results", default="results", help="output root: runs go to RESULTS/SCALE/PAPER/...")
     p.add_argument("--workflow-config", default="config/config.yaml", help="source of the defaults")
     p.set_defaults(func=_cmd_grid)
 
