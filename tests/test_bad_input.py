@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from commlab.cli import build_parser, main
-from commlab.jobtools import write_config
 from commlab.registry import ALGORITHMS
+from commlab.testing.jobs import write_config
 
 SPARSE = next((m for m in ("oktopk", "redsync", "gaussiank", "topk_allgather") if m in ALGORITHMS), None)
 

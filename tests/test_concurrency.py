@@ -71,7 +71,7 @@ def test_snakemake_grid_of_8_runs_loses_nothing(tmp_path):
 
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("conc").experiment_id])
-    sentinels = sorted(proj.glob("results/conc/*/seed*/sentinel.json"))
+    sentinels = sorted(proj.glob("results/laptop/conc/*/seed*/sentinel.json"))
     assert len(sentinels) == 8 and len(runs) == 8
     assert {json.loads(p.read_text())["run_id"] for p in sentinels} == {r.info.run_id for r in runs}
     for run in runs:

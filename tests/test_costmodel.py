@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from commlab import costmodel as cm
+from commlab.bench import costmodel as cm
 from commlab.core.communicator import ring_allreduce_cost
 
 LINK = cm.Link("test", 1.0, 1e-5)  # 1 Gbit/s: beta = 8e-9 s/byte; alpha = 10 us

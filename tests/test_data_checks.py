@@ -17,7 +17,7 @@ import torch
 from commlab.data import DamagedDataError, load_dataset
 from commlab.data.base import write_prepared
 from commlab.data.fashion_mnist import CLASSES, SPEC
-from commlab.jobtools import write_config
+from commlab.testing.jobs import write_config
 
 N_TRAIN, N_TEST = 256, 64
 AGENT_LOG = re.compile(r"^[EWI]\d{4} [\d:.]+ \d+ \S*torch/distributed/elastic/")

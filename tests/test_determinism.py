@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from commlab.jobtools import checkpoint_step, is_timing, reap, run_history, start_job, write_config
+from commlab.testing.jobs import checkpoint_step, is_timing, reap, run_history, start_job, write_config
 
 pytestmark = pytest.mark.slow
 

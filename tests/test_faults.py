@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from commlab.jobtools import (
-    STEP_DELAY_ENV,
+from commlab.testing.jobs import (
     checkpoint_step,
     reap,
     signal_job,
@@ -56,10 +55,10 @@ def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
     out, log = tmp_path / "run", tmp_path / "job.log"
     cfg = write_config(
         tmp_path / "run.yaml", paper="faults", method="ssgd", seed=1, workers=4, model="mlp", dataset="synthetic",
-        backend="gloo", timeout_s=TIMEOUT_S, output_dir=str(out),
+        backend="gloo", timeout_s=TIMEOUT_S, output_dir=str(out), testing={"step_delay_s": 0.1},
         train={"epochs": 3, "batch_size": 8, "lr": 0.05, "train_subset": 512, "test_subset": 128, "log_every": 4})
     env = {"MLFLOW_TRACKING_URI": uri}
-    job = start_job(["launch", "--config", str(cfg)], log, env={**env, STEP_DELAY_ENV: "0.1"})
+    job = start_job(["launch", "--config", str(cfg)], log, env=env)
     jobs.append(job)
     wait_for(lambda: checkpoint_step(out) == STEPS_PER_EPOCH, job=job, timeout=300)
     pids = worker_pids(job)
@@ -101,9 +100,10 @@ def test_max_restarts_restarts_dead_workers_from_the_checkpoint(tmp_path, jobs):
     cfg = write_config(
         tmp_path / "run.yaml", paper="faults", method="ssgd", seed=1, workers=4, model="mlp", dataset="synthetic",
         backend="gloo", timeout_s=TIMEOUT_S, output_dir=str(out), max_restarts=1,
+        testing={"step_delay_s": 0.1},
         train={"epochs": 3, "batch_size": 8, "lr": 0.05, "train_subset": 512, "test_subset": 128, "log_every": 4})
     job = start_job(["launch", "--config", str(cfg)], log,
-                    env={"MLFLOW_TRACKING_URI": uri, STEP_DELAY_ENV: "0.1"})
+                    env={"MLFLOW_TRACKING_URI": uri})
     jobs.append(job)
     wait_for(lambda: checkpoint_step(out) == STEPS_PER_EPOCH, job=job, timeout=300)
     run_id = torch.load(out / "checkpoints" / f"step_{STEPS_PER_EPOCH}" / "rank0.pt",

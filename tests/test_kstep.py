@@ -350,7 +350,7 @@ def _train_end_to_end(rank, world, out_dir):
     """The real training loop: kstep_hier with reduction momentum on synthetic data, 4 workers,
     2 epochs of 10 steps (groups of 2; K_l = 2, K_g = 6)."""
     from commlab.config import load_config
-    from commlab.train import train
+    from commlab.loop import train
 
     config = load_config(None, [
         "method=kstep_hier", "dataset=synthetic", "model=mlp", f"workers={world}", "backend=gloo",

@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from commlab import netem
-from commlab.launch import launch, run_in_network
-from commlab.netem import EmulatedNetwork, NetemError, NetworkSpec
+from commlab.launch import launch, netem, run_in_network
+from commlab.launch.netem import EmulatedNetwork, NetemError, NetworkSpec
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None,

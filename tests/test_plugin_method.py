@@ -51,7 +51,7 @@ def test_a_method_from_one_file_trains_and_reaches_the_cost_model_and_the_report
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
-    from commlab import costmodel as cm
+    from commlab.bench import costmodel as cm
     from commlab.bench.common import metric_points
     from commlab.core.communicator import ring_allreduce_cost
     from commlab.models import build_model

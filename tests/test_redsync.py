@@ -238,7 +238,7 @@ def test_indices_above_2_pow_24_survive():
 
 # ---- the training loop runs it end to end ---------------------------------------------------------
 def _loop(rank, world, out_dir):
-    from commlab.train import train
+    from commlab.loop import train
 
     config = load_config(None, [
         "method=redsync", "model=mlp", "dataset=synthetic", f"workers={world}", "seed=1",

@@ -13,8 +13,8 @@ import signal
 import pytest
 import torch
 
-from commlab.jobtools import (
-    STEP_DELAY_ENV,
+from commlab.registry import ALGORITHMS
+from commlab.testing.jobs import (
     checkpoint_step,
     is_timing,
     reap,
@@ -24,7 +24,6 @@ from commlab.jobtools import (
     wait_for,
     write_config,
 )
-from commlab.registry import ALGORITHMS
 
 pytestmark = pytest.mark.slow
 
@@ -47,12 +46,12 @@ def _log_every(method):
     return 3 if method == "ssgd" else 4
 
 
-def _config(path, out, method):
+def _config(path, out, method, **extra):
     return write_config(
         path, paper="resume", name=method, method=method, method_params=STATEFUL.get(method, {}), seed=3,
         workers=2, model="mlp", dataset="synthetic", backend="gloo", timeout_s=60, output_dir=str(out),
         train={"epochs": EPOCHS, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "train_subset": 512,
-               "test_subset": 256, "log_every": _log_every(method)},
+               "test_subset": 256, "log_every": _log_every(method)}, **extra,
     )
 
 
@@ -86,9 +85,9 @@ def test_killed_and_preempted_run_resumes_exactly(tmp_path, method, jobs):
 
     ensure_experiments(["resume"], uri)  # as the workflow does once, before parallel jobs
     env = {"MLFLOW_TRACKING_URI": uri}
-    slow = {**env, STEP_DELAY_ENV: "0.1"}  # about 1.6 s per epoch: room to signal mid-epoch
     ref_out, out = tmp_path / "ref", tmp_path / "run"
-    ref_cfg, cfg = _config(tmp_path / "ref.yaml", ref_out, method), _config(tmp_path / "run.yaml", out, method)
+    slow = {"testing": {"step_delay_s": 0.1}}  # about 1.6 s per epoch: room to signal mid-epoch
+    ref_cfg, cfg = _config(tmp_path / "ref.yaml", ref_out, method), _config(tmp_path / "run.yaml", out, method, **slow)
     log = tmp_path / "job.log"
 
     # The uninterrupted reference runs alongside (the interrupted job mostly sleeps).
@@ -96,7 +95,7 @@ def test_killed_and_preempted_run_resumes_exactly(tmp_path, method, jobs):
     jobs.append(ref)
 
     # 1. SIGKILL of the whole job once epoch 1 is checkpointed: nothing can mark the run.
-    job = start_job(["launch", "--config", str(cfg)], log, env=slow)
+    job = start_job(["launch", "--config", str(cfg)], log, env=env)
     jobs.append(job)
     wait_for(lambda: checkpoint_step(out) == STEPS_PER_EPOCH, job=job, timeout=300)
     signal_job(job, signal.SIGKILL)
@@ -107,7 +106,7 @@ def test_killed_and_preempted_run_resumes_exactly(tmp_path, method, jobs):
 
     # 2. Re-launched: resumes from epoch 1; SIGTERM once epoch 2 is checkpointed -> the workers
     #    checkpoint at their next control point, mid-epoch 3, and the job exits 143.
-    job = start_job(["launch", "--config", str(cfg)], log, env=slow)
+    job = start_job(["launch", "--config", str(cfg)], log, env=env)
     jobs.append(job)
     wait_for(lambda: checkpoint_step(out) == 2 * STEPS_PER_EPOCH, job=job, timeout=300)
     signal_job(job, signal.SIGTERM)

@@ -1,6 +1,6 @@
 """The SLURM profile on a real Slurm 22.05 (Debian's slurmctld, slurmd, slurmdbd, munge, MariaDB):
 one controller and two compute nodes on this machine, each in its own network and UTS namespace
-(commlab.localslurm), an MLflow tracking server on the login side, Snakemake with
+(commlab.launch.localslurm), an MLflow tracking server on the login side, Snakemake with
 workflow/profiles/slurm submitting every training run with sbatch.
 
 Checked: the smoke grid (baseline paper, synthetic data) completes with every run FINISHED in
@@ -19,13 +19,14 @@ import time
 
 import pytest
 
-from commlab.jobtools import checkpoint_step, is_timing, run_history, wait_for
+from commlab.testing.jobs import checkpoint_step, is_timing, run_history, wait_for
 from slurm_cluster import MlflowServer, finish, mlflow_runs, project_copy, snakemake, start_cluster, stop_started
 
 pytestmark = pytest.mark.slow
 
 SYNTHETIC = {"dataset": "synthetic", "model": "mlp"}
 # Two runs of one seed and world size 2: two workers on one node, one worker on each of two nodes.
+DELAY = {"testing": {"step_delay_s": 0.3}}
 SMOKE = {"seeds": [0], "scales": {"smoke": {"seeds": [0]}}}
 GRID = {**SMOKE, "base": {"workers": 2, "train": {"epochs": 1, "train_subset": 1024, "test_subset": 500}},
         "runs": {"one_node": {"method": "ssgd"}, "two_nodes": {"method": "ssgd", "nodes": 2, "workers": 1}}}
@@ -33,11 +34,10 @@ GRID = {**SMOKE, "base": {"workers": 2, "train": {"epochs": 1, "train_subset": 1
 def slow_grid(name: str) -> dict:
     """A run long enough to be interrupted: 4 x 16 steps, 0.3 s after each (DELAY), a checkpoint per epoch."""
     train = {"epochs": 4, "train_subset": 1024, "test_subset": 500, "log_every": 4}
-    return {**SMOKE, "base": {"workers": 2, "train": train}, "runs": {name: {"method": "ssgd"}}}
+    return {**SMOKE, "base": {"workers": 2, "train": train, **DELAY}, "runs": {name: {"method": "ssgd"}}}
 
 
 
-DELAY = {"COMMLAB_STEP_DELAY_S": "0.3"}
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_two_nodes_train_like_one(cluster, mlflow_uri, tmp_path):
     proj = project_copy(tmp_path / "proj", GRID, papers=["slurmcheck"], defaults=SYNTHETIC)
     finish(snakemake(proj, cluster, mlflow_uri, "train_slurmcheck"), proj)
     runs = mlflow_runs(mlflow_uri)
-    one, two = runs["one_node-seed0"], runs["two_nodes-seed0"]
+    one, two = runs["one_node-seed0-smoke"], runs["two_nodes-seed0-smoke"]
     assert one.info.status == two.info.status == "FINISHED"
     # the two-node job held both nodes and its torchrun step ran one task on each
     two_nodes = [j for j in _jobs(cluster, "two_nodes") if j["state"] == "COMPLETED"]
@@ -123,7 +123,7 @@ def test_two_nodes_train_like_one(cluster, mlflow_uri, tmp_path):
 
 def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
     proj = project_copy(tmp_path / "proj", slow_grid("requeued"), papers=["slurmcheck"], defaults=SYNTHETIC)
-    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck", env=DELAY)
+    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck")
     wait_for(lambda: any(p.exists() for p in proj.glob("results/**/checkpoints/latest.json")), timeout=300,
              job=smk, poll=0.5)  # mid-run: after the first epoch
     job = _running(cluster, "requeued")
@@ -134,7 +134,7 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
              timeout=120, job=smk, poll=0.5)
     # The job is PENDING as soon as slurmctld takes the requeue, while its processes may still be
     # writing the stop checkpoint: rank 0 marks the run KILLED only after it.
-    wait_for(lambda: mlflow_runs(mlflow_uri)["requeued-seed0"].info.status == "KILLED", timeout=60, job=smk,
+    wait_for(lambda: mlflow_runs(mlflow_uri)["requeued-seed0-smoke"].info.status == "KILLED", timeout=60, job=smk,
              poll=0.5)
     train_log = "\n".join(p.read_text() for p in (proj / "logs" / "train").rglob("*.log"))
     assert "SIGTERM: the workers were stopped; exit 143" in train_log, train_log[-3000:]
@@ -144,7 +144,7 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
     finish(smk, proj)
     attempts = [j for j in _jobs(cluster, "requeued")]
     assert [j["state"] for j in attempts] == ["REQUEUED", "COMPLETED"] and len({j["id"] for j in attempts}) == 1
-    runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "requeued-seed0"]
+    runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "requeued-seed0-smoke"]
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     history = _steps_unique(mlflow_uri, runs[0].info.run_id)
     assert [s for s, _ in history["train_loss"]][-1] == 64  # 4 epochs x 16 steps, every one logged once
@@ -153,7 +153,7 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
 
 def test_killed_node_fails_the_job_and_the_requeued_job_finishes(cluster, mlflow_uri, tmp_path):
     proj = project_copy(tmp_path / "proj", slow_grid("node_killed"), papers=["slurmcheck"], defaults=SYNTHETIC)
-    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck", env=DELAY)
+    smk = snakemake(proj, cluster, mlflow_uri, "train_slurmcheck")
     try:
         wait_for(lambda: any(p.exists() for p in proj.glob("results/**/checkpoints/latest.json")), timeout=300,
                  job=smk, poll=0.5)  # after the first epoch's checkpoint
@@ -178,7 +178,7 @@ def test_killed_node_fails_the_job_and_the_requeued_job_finishes(cluster, mlflow
     assert [(j["state"], j["nodes"]) for j in attempts][0] == ("NODE_FAIL", job["nodes"]), attempts
     assert attempts[-1]["state"] == "COMPLETED" and attempts[-1]["nodes"] != job["nodes"], attempts
     assert "NODE_FAIL" not in log or "Leaving it to SLURM to requeue the job" in log  # no second submission
-    runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "node_killed-seed0"]
+    runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "node_killed-seed0-smoke"]
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     history = _steps_unique(mlflow_uri, runs[0].info.run_id)
     assert [s for s, _ in history["train_loss"]][-1] == 64

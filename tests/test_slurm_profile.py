@@ -111,7 +111,7 @@ def test_profile_submits_gpu_jobs_that_launch_one_torchrun_per_node(tmp_path):
     rec.mkdir()
     env = {**os.environ, "PATH": os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]]),
            "FAKE_SLURM_DIR": str(rec), "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    sentinel = "results/baseline/ssgd/seed0/sentinel.json"
+    sentinel = "results/smoke/baseline/ssgd/seed0/sentinel.json"
     site = {"slurm_account": "abc123", "slurm_partition": "gpu"}
     out = subprocess.run(
         [sys.executable, "-m", "snakemake", "--workflow-profile", str(PROFILE), "--configfile", "cluster_test.yaml",
@@ -147,9 +147,9 @@ def test_profile_submits_gpu_jobs_that_launch_one_torchrun_per_node(tmp_path):
     assert "torch.distributed.run" in workers and "--nnodes=2" in workers
     assert "--nproc-per-node=2" in workers and "--rdzv-backend=c10d" in workers
     assert "--rdzv-endpoint=node001:29501" in workers  # 29500 + job id 1001 % 1000
-    assert " ".join(workers).endswith(f"-m commlab train --config results/baseline/ssgd/seed0/config.yaml "
+    assert " ".join(workers).endswith(f"-m commlab.loop --config results/smoke/baseline/ssgd/seed0/config.yaml "
                                       f"--sentinel {sentinel}")
-    assert (proj / sentinel).exists() and (proj / "results/baseline/ssgd/seed0/.complete").exists()
+    assert (proj / sentinel).exists() and (proj / "results/smoke/baseline/ssgd/seed0/.complete").exists()
     # The status of submitted jobs is polled with sacct (or squeue); nothing is cancelled.
     assert any(c["tool"] in ("sacct", "squeue") for c in calls)
     assert not any(c["tool"] == "scancel" for c in calls)

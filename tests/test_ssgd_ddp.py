@@ -8,7 +8,7 @@ from commlab.testing import run_distributed
 
 
 def _train(rank, world, method, out_dir, model):
-    from commlab.train import train
+    from commlab.loop import train
 
     config = load_config(None, [
         f"method={method}", f"model={model}", "dataset=synthetic", f"workers={world}", "seed=3",

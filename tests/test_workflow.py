@@ -159,7 +159,8 @@ def test_smoke_run_goes_from_data_to_report(tmp_path):
     assert sorted((r.data.tags["name"], r.data.tags["seed"], r.info.status) for r in runs) == [
         ("ddp", "0", "FINISHED"), ("ssgd", "0", "FINISHED")]
     for run in runs:
-        sentinel = json.loads((project / f"results/baseline/{run.data.tags['name']}/seed0/sentinel.json").read_text())
+        folder = project / "results" / "smoke" / "baseline" / run.data.tags["name"] / "seed0"
+        sentinel = json.loads((folder / "sentinel.json").read_text())
         assert sentinel["run_id"] == run.info.run_id
         losses = client.get_metric_history(run.info.run_id, "train_loss")
         assert len(losses) >= 3 and losses[-1].value < losses[0].value

@@ -28,35 +28,10 @@ def _cmd_list(args) -> int:
     return 0
 
 
-def _say_once(message: str) -> None:
-    """Under torchrun every rank hits the same config error: print it once."""
-    import os
-
-    if os.environ.get("RANK", "0") == "0":
-        print(message, file=sys.stderr)
-
-
 def _cmd_train(args) -> int:
-    from commlab.config import ConfigError, load_config
+    from commlab.loop.worker import run
 
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as err:
-        _say_once(f"commlab train: {err}")
-        return 2
-    if args.print_config:
-        import yaml
-
-        print(yaml.safe_dump(config, sort_keys=False))
-        return 0
-    from commlab.train import train
-
-    try:
-        train(config, sentinel=args.sentinel)
-    except (FileNotFoundError, ValueError) as err:
-        _say_once(f"commlab train: {err}")
-        return 2
-    return 0
+    return run(args)
 
 
 def _cmd_data(args) -> int:
@@ -109,13 +84,13 @@ def _cmd_mlflow_init(args) -> int:
 
 
 def _cmd_grid(args) -> int:
-    """List a paper's grid, or run it cell by cell (sequentially, each under torchrun)."""
+    """List a paper's grid, or run it cell by cell (sequentially, each through ``commlab launch``)."""
     import subprocess
     import time
 
     import yaml
 
-    from commlab.config import ConfigError
+    from commlab.config import ConfigError, run_dir
     from commlab.grid import resolve_grid
 
     defaults = {}
@@ -133,15 +108,12 @@ def _cmd_grid(args) -> int:
         return 0
     started = time.perf_counter()
     for (name, seed), config in selected.items():
-        # Scales get their own folders: a checkpoint of one scale must never resume another.
-        scale_dir = Path(args.results) if args.scale == "laptop" else Path(args.results) / args.scale
-        folder = scale_dir / args.paper / name / f"seed{seed}"
+        folder = run_dir(config, root=args.results)  # scales get their own folders
         folder.mkdir(parents=True, exist_ok=True)
         config = {**config, "output_dir": str(folder)}
         (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={config['workers']}", "-m", "commlab", "train",
-               "--config", str(folder / "config.yaml"), "--sentinel", str(folder / "sentinel.json")]
+        cmd = [sys.executable, "-m", "commlab", "launch", "--config", str(folder / "config.yaml"),
+               "--sentinel", str(folder / "sentinel.json")]
         t0 = time.perf_counter()
         rc = subprocess.call(cmd)
         print(f"[grid] {args.paper}/{name}/seed{seed}: exit {rc} in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -153,6 +125,7 @@ def _cmd_grid(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from commlab.launch import add_arguments as launch_arguments  # one definition of the launch options
+    from commlab.loop.worker import add_arguments as train_arguments  # and of the train options
 
     parser = argparse.ArgumentParser(prog="commlab", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -165,10 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="run one experiment",
                        description="Run one experiment. Under torchrun every worker runs this; alone it is "
                                    "a world of one worker. Overrides are dotted keys: train.lr=0.1 seed=3.")
-    p.add_argument("--config", help="run config YAML (defaults apply to missing keys)")
-    p.add_argument("--sentinel", help="write the run record JSON here (default: <output_dir>/sentinel.json)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    train_arguments(p)
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("launch", help="start one experiment's workers (torchrun; srun across nodes)",
@@ -199,19 +169,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", action="store_true", help="rebuild reports/index.html from the claims tables")
     p.add_argument("--out", default="reports", help="output folder (default: reports)")
     p.add_argument("--notebooks", default="workflow/notebooks", help="notebook folder")
-    p.add_argument("--results", default="results", help="folder of run sentinels")
+    p.add_argument("--results", default="results/laptop",
+                   help="folder of one scale's run sentinels (default: results/laptop)")
     p.add_argument("--scale", help="report only the runs tagged with this scale (smoke, laptop, laptop_full, "
                                    "paper); untagged runs count when no run is tagged; default: every run")
     p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser("grid", help="list or run a paper's experiment grid without Snakemake",
                        description="List the runs of config/papers/PAPER.yaml at a scale; with --run, run "
-                                   "them one after another under torchrun (Snakemake does this in parallel).")
+                                   "them one after another through commlab launch (Snakemake does this in parallel).")
     p.add_argument("paper")
     p.add_argument("--scale", default="laptop", help="laptop (default), smoke or paper")
     p.add_argument("--run", action="store_true", help="run the cells (default: only list them)")
     p.add_argument("--only", nargs="*", help="run names to keep")
-    p.add_argument("--results", default="results", help="output folder (default: results)")
+    p.add_argument("--results", default="results", help="output root: runs go to RESULTS/SCALE/PAPER/...")
     p.add_argument("--workflow-config", default="config/config.yaml", help="source of the defaults")
     p.set_defaults(func=_cmd_grid)
 

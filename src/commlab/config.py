@@ -1,9 +1,12 @@
-"""Run configs: defaults, YAML loading, ``key=value`` overrides and validation.
+"""Run configs: defaults, YAML loading, ``key=value`` overrides, validation and the run folder.
 
-A run config is one experiment (one method, one seed). Validation happens in two layers, both
-before any worker starts: the JSON schema (``schemas/run.schema.yaml``) catches unknown keys and
-wrong types, then the registries catch unknown method/model/dataset names and each method's own
-Options check its parameters. Every message names the offending key.
+A run config is one experiment (one method, one seed). One definition: the JSON schema
+(``schemas/run.schema.yaml``) holds every key, its type and its default. Validation happens in
+two layers, both before any worker starts: the schema catches unknown keys and wrong types, then
+the registries catch unknown method/model/dataset names and the method's own Options check its
+parameters (parsed once, :func:`load_run` returns them). Every message names the offending key.
+``dotted.key=value`` overrides (:func:`apply_override`) and :func:`run_dir` serve every caller:
+the CLI, grids, the launcher, benchmarks and the workflow.
 """
 
 from __future__ import annotations
@@ -16,52 +19,31 @@ from typing import Any
 import jsonschema
 import yaml
 
+from commlab.options import parse_options
 from commlab.registry import ALGORITHMS, DATASETS, MODELS
-
-DEFAULTS: dict[str, Any] = {
-    "paper": "adhoc",
-    "name": None,
-    "method": "ssgd",
-    "method_params": {},
-    "plugins": [],
-    "seed": 0,
-    "workers": 1,
-    "nodes": 1,
-    "max_restarts": 0,
-    "backend": "auto",
-    "timeout_s": 120.0,
-    "threads": 1,
-    "model": "cnn",
-    "dataset": "fashion_mnist",
-    "data_dir": "data/prepared",
-    "verify_data": False,
-    "output_dir": None,
-    "network": None,
-    "golden": None,
-    "train": {
-        "epochs": 2,
-        "batch_size": 32,
-        "lr": 0.05,
-        "optimizer": "sgd",
-        "momentum": 0.9,
-        "nesterov": False,
-        "weight_decay": 0.0,
-        "warmup_epochs": 0,
-        "lr_schedule": {"kind": "constant"},
-        "train_subset": None,
-        "test_subset": None,
-        "max_steps": None,
-        "log_every": 10,
-        "eval_batch_size": 1000,
-        "checkpoint_every_epochs": 1,
-        "grad_clip": None,
-    },
-    "tracking": {"enabled": True, "uri": None, "experiment": None},
-}
 
 
 class ConfigError(ValueError):
     """A config is invalid; the message names the key."""
+
+
+def run_schema() -> dict:
+    text = resources.files("commlab").joinpath("schemas/run.schema.yaml").read_text()
+    return yaml.safe_load(text)
+
+
+def schema_defaults(schema: dict) -> dict[str, Any]:
+    """The defaults a JSON schema declares: a property's ``default``, else its sub-properties'."""
+    out = {}
+    for key, prop in schema.get("properties", {}).items():
+        if "default" in prop:
+            out[key] = copy.deepcopy(prop["default"])
+        elif prop.get("properties"):
+            out[key] = schema_defaults(prop)
+    return out
+
+
+DEFAULTS: dict[str, Any] = schema_defaults(run_schema())  # one definition: the schema
 
 
 def deep_merge(base: dict, override: dict) -> dict:
@@ -93,6 +75,11 @@ def apply_override(config: dict, assignment: str) -> None:
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> dict:
     """Defaults <- YAML file <- overrides, validated."""
+    return load_run(path, overrides)[0]
+
+
+def load_run(path: str | Path | None = None, overrides: list[str] | tuple = ()) -> tuple[dict, Any]:
+    """Defaults <- YAML file <- overrides, validated: the config and the method's parsed Options."""
     config = copy.deepcopy(DEFAULTS)
     if path is not None:
         path = Path(path)
@@ -104,17 +91,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple = (
         config = deep_merge(config, loaded)
     for assignment in overrides:
         apply_override(config, assignment)
-    validate_config(config)
-    return config
+    return config, validate_config(config)
 
 
-def run_schema() -> dict:
-    text = resources.files("commlab").joinpath("schemas/run.schema.yaml").read_text()
-    return yaml.safe_load(text)
 
 
-def validate_config(config: dict) -> None:
-    """Raise :class:`ConfigError` naming the first bad key or value."""
+def validate_config(config: dict) -> Any:
+    """Raise :class:`ConfigError` naming the first bad key or value; return the method's Options."""
     validator = jsonschema.Draft202012Validator(run_schema())
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
@@ -126,11 +109,9 @@ def validate_config(config: dict) -> None:
         if config[key] not in registry:
             raise ConfigError(f"config key {key}: unknown {registry.kind} {config[key]!r}; "
                               f"known: {', '.join(registry.names())}")
-    from commlab.algorithms.base import parse_options
-
     try:
-        parse_options(ALGORITHMS.get(config["method"]).Options, config.get("method_params"),
-                      where="config key method_params")
+        options = parse_options(ALGORITHMS.get(config["method"]).Options, config.get("method_params"),
+                                where="config key method_params")
     except ValueError as err:
         raise ConfigError(str(err)) from None
     subset = config["train"].get("train_subset")
@@ -140,6 +121,7 @@ def validate_config(config: dict) -> None:
             f"config key train.train_subset: {subset} samples cannot fill one step of "
             f"{config['workers']} workers x batch {config['train']['batch_size']}"
         )
+    return options
 
 
 def import_plugins(plugins: list[str]) -> None:
@@ -184,6 +166,16 @@ def flatten(config: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
+
+
+def run_dir(config: dict, root: str | Path = "results") -> Path:
+    """The run's folder (checkpoints, outputs, sentinel): ``output_dir``, else
+    ``<root>/<scale>/<paper>/<name>/seed<seed>`` (scale ``adhoc`` outside a grid). Each scale has
+    its own folders: a checkpoint of one scale never resumes another."""
+    if config.get("output_dir"):
+        return Path(config["output_dir"])
+    return (Path(root) / (config.get("scale") or "adhoc") / config.get("paper", "adhoc")
+            / (config.get("name") or config["method"]) / f"seed{config['seed']}")
 
 
 def dump_config(config: dict, path: str | Path) -> None:

@@ -14,24 +14,42 @@ A grid file looks like::
       smoke: {seeds: [0], base: {train: {train_subset: 2000}}, runs: [ssgd, kstep_k16]}
       paper: {base: {dataset: cifar10, model: resnet20}, runs: {...}}
 
-In a scale, ``base`` is merged over the paper's base, ``seeds`` replaces the seeds, and ``runs`` is
-either a list of names to keep or a mapping that replaces the runs. A run's own ``seeds`` replace
-the grid's for that run (e.g. one seed for a volume measurement that does not depend on it, beside
-three for accuracy). The resolved configs are
-validated here, so a bad key stops the whole workflow before any job starts.
+The grid file is checked against ``schemas/grid.schema.yaml``. In a scale, ``base`` is merged over
+the paper's base, ``seeds`` replaces the seeds, and ``runs`` is either a list of names to keep or a
+mapping that replaces the runs. A run's own ``seeds`` replace the grid's for that run (e.g. one
+seed for a volume measurement that does not depend on it, beside three for accuracy). Every
+resolved config carries its ``scale`` and is validated here, so a bad key stops the whole
+workflow before any job starts.
 """
 
 from __future__ import annotations
 
 import copy
+from importlib import resources
 from pathlib import Path
 
+import jsonschema
 import yaml
 
 from commlab.config import DEFAULTS, ConfigError, deep_merge, validate_config
 
-GRID_KEYS = {"title", "description", "seeds", "base", "runs", "scales"}
-SCALE_KEYS = {"seeds", "base", "runs"}
+
+def grid_schema() -> dict:
+    return yaml.safe_load(resources.files("commlab").joinpath("schemas/grid.schema.yaml").read_text())
+
+
+def check_grid(grid: object, where: str) -> None:
+    """Raise :class:`ConfigError` naming the first bad key of a grid (``schemas/grid.schema.yaml``)."""
+    validator = jsonschema.Draft202012Validator(grid_schema())
+    errors = sorted(validator.iter_errors(grid), key=lambda e: [str(p) for p in e.absolute_path])
+    if errors:
+        err = errors[0]
+        key = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+        if err.validator == "additionalProperties":
+            allowed = sorted(err.schema.get("properties", {}))
+            unknown = sorted(set(err.instance) - set(allowed))
+            raise ConfigError(f"{where}: unknown key(s) {unknown} at {key}; allowed: {allowed}")
+        raise ConfigError(f"{where}: key {key}: {err.message}")
 
 
 def load_grid_file(paper: str, papers_dir: str | Path = "config/papers") -> dict:
@@ -40,11 +58,7 @@ def load_grid_file(paper: str, papers_dir: str | Path = "config/papers") -> dict
         known = sorted(p.stem for p in Path(papers_dir).glob("*.yaml"))
         raise ConfigError(f"no grid for paper {paper!r}: {path} does not exist; known: {', '.join(known)}")
     grid = yaml.safe_load(path.read_text()) or {}
-    unknown = sorted(set(grid) - GRID_KEYS)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {unknown}; allowed: {sorted(GRID_KEYS)}")
-    if not grid.get("runs"):
-        raise ConfigError(f"{path}: key runs must name at least one run")
+    check_grid(grid, str(path))
     return grid
 
 
@@ -60,9 +74,6 @@ def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop"
         if override is None:
             raise ConfigError(f"config/papers/{paper}.yaml has no scale {scale!r}; "
                               f"known: laptop, {', '.join(grid.get('scales') or {}) or '(none)'}")
-        unknown = sorted(set(override) - SCALE_KEYS)
-        if unknown:
-            raise ConfigError(f"config/papers/{paper}.yaml scales.{scale}: unknown key(s) {unknown}")
         base = deep_merge(base, override.get("base") or {})
         seeds = list(override.get("seeds", seeds))
         chosen = override.get("runs")
@@ -79,7 +90,7 @@ def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop"
         run_seeds = list(fragment.pop("seeds", seeds))
         for seed in run_seeds:
             config = deep_merge(base, fragment)
-            config.update(paper=paper, name=name, seed=seed)
+            config.update(paper=paper, name=name, seed=seed, scale=scale)
             config["tracking"] = {**config.get("tracking", {}), "experiment": paper}
             try:
                 validate_config(config)

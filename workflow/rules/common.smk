@@ -28,6 +28,7 @@ from commlab.config import (
     DEFAULTS,
     ConfigError,
     deep_merge,
+    run_dir as config_run_dir,
     validate_config,
 )  # noqa: E402
 from commlab.grid import resolve_grid  # noqa: E402
@@ -83,7 +84,7 @@ def check_workflow_config(cfg: dict) -> None:
 
 
 def resolve_runs(cfg: dict) -> dict:
-    """{(paper, name, seed): run config with output_dir results/<paper>/<name>/seed<seed>}."""
+    """{(paper, name, seed): run config with output_dir results/<scale>/<paper>/<name>/seed<seed>}."""
     runs = {}
     for paper in cfg["papers"]:
         try:
@@ -96,10 +97,7 @@ def resolve_runs(cfg: dict) -> dict:
                 f"config key papers: {paper!r} has no report notebook {notebook}"
             )
         for (name, seed), run in grid.items():
-            runs[(paper, name, seed)] = {
-                **run,
-                "output_dir": f"results/{paper}/{name}/seed{seed}",
-            }
+            runs[(paper, name, seed)] = {**run, "output_dir": str(config_run_dir(run))}
     return runs
 
 
@@ -109,8 +107,18 @@ DVC_STAGES = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
 DVC_PARAMS = yaml.safe_load(Path("params.yaml").read_text()) or {}
 
 
-def run_dir(paper: str, name: str, seed: int) -> str:
-    return f"results/{paper}/{name}/seed{seed}"
+def run_dir(paper: str, name: str, seed) -> str:
+    """A run's folder at this scale (commlab.config.run_dir); with "{paper}", "{name}", "{seed}"
+    it is the rules' path pattern (RUN_DIR)."""
+    return str(
+        config_run_dir(
+            {"scale": config["scale"], "paper": paper, "name": name, "seed": seed}
+        )
+    )
+
+
+RUN_DIR = run_dir("{paper}", "{name}", "{seed}")  # results/<scale>/{paper}/{name}/seed{seed}
+RESULTS = str(Path(RUN_DIR).parents[2])  # results/<scale>: the report's sentinels
 
 
 def priority_of(paper: str) -> int:

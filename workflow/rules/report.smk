@@ -44,10 +44,11 @@ rule paper_report:
     params:
         out=lambda wildcards, output: Path(output.html).parent.parent,
         notebooks=lambda wildcards, input: Path(input.notebook).parent,
+        results=RESULTS,
         scale=config["scale"],
     shell:
         "python -m commlab report --paper {wildcards.paper} --out {params.out} "
-        "--notebooks {params.notebooks} --results results --scale {params.scale} > {log} 2>&1"
+        "--notebooks {params.notebooks} --results {params.results} --scale {params.scale} > {log} 2>&1"
 
 
 rule report_index:

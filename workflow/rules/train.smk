@@ -26,7 +26,7 @@ rule run_config:
     """One run's resolved config; rewritten (and the run retrained from scratch, its old
     checkpoints removed) when the grid changes it."""
     output:
-        config="results/{paper}/{name}/seed{seed}/config.yaml",
+        config=f"{RUN_DIR}/config.yaml",
     log:
         "logs/config/{paper}/{name}/seed{seed}.log",
     wildcard_constraints:
@@ -50,12 +50,12 @@ rule run_config:
 rule train:
     """One run under torchrun (several nodes through srun inside a SLURM allocation)."""
     input:
-        config="results/{paper}/{name}/seed{seed}/config.yaml",
+        config=f"{RUN_DIR}/config.yaml",
         data=train_data,
         # Adding a paper re-creates the marker; that must not retrain the other papers' runs.
         mlflow=ancient(MLFLOW_MARKER),
     output:
-        sentinel="results/{paper}/{name}/seed{seed}/sentinel.json",
+        sentinel=f"{RUN_DIR}/sentinel.json",
     log:
         "logs/train/{paper}/{name}/seed{seed}.log",
     benchmark:

@@ -26,9 +26,6 @@ A method is one module in this package with a class like::
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +36,7 @@ from commlab.algorithms.tensors import flatten, unflatten_into
 from commlab.core.communicator import Communicator
 from commlab.core.runtime import Runtime
 from commlab.optim import build_optimizer
+from commlab.options import parse_options  # noqa: F401 - methods and tests build their Options with it
 
 
 @dataclass
@@ -72,7 +70,7 @@ class Algorithm:
 
     Options: type = NoOptions
     #: The communication pattern whose formula the cost model applies to this method's measured
-    #: volume: a key of :data:`commlab.costmodel.PATTERNS` ("ring_allreduce", "allgather", ...).
+    #: volume: a key of :data:`commlab.bench.costmodel.PATTERNS` ("ring_allreduce", "allgather", ...).
     comm_pattern: str | None = None
 
     def __init__(self, model: nn.Module, comm: Communicator, options: Any, ctx: AlgoContext):
@@ -125,64 +123,6 @@ class Algorithm:
 
 
 # ---- helpers shared by methods ------------------------------------------------------------------
-def parse_options(options_cls: type, params: dict | None, where: str = "method_params") -> Any:
-    """Build a method's Options dataclass from a config dict, naming any bad key or value."""
-    params = dict(params or {})
-    fields = {f.name: f for f in dataclasses.fields(options_cls)}
-    unknown = sorted(set(params) - set(fields))
-    if unknown:
-        raise ValueError(
-            f"{where}: unknown option(s) {unknown} for this method; known: {sorted(fields)}"
-        )
-    hints = typing.get_type_hints(options_cls)
-    for key, value in params.items():
-        params[key] = _coerce(value, hints.get(key), f"{where}.{key}")
-    options = options_cls(**params)
-    check = getattr(options, "validate", None)
-    if check is not None:
-        try:
-            check()
-        except ValueError as err:
-            raise ValueError(f"{where}: {err}") from None
-    return options
-
-
-def _coerce(value: Any, hint: Any, where: str) -> Any:
-    if value is None or hint is None:
-        return value
-    base = typing.get_origin(hint) or hint
-    args = typing.get_args(hint)
-    if base in (typing.Union, types.UnionType):
-        for h in args:
-            if h is type(None):
-                continue
-            try:
-                return _coerce(value, h, where)
-            except ValueError:
-                continue
-        raise ValueError(f"{where}: {value!r} is not a valid value")
-    try:
-        if base is bool:
-            if isinstance(value, bool):
-                return value
-            raise ValueError
-        if base is int:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise ValueError
-            return int(value)
-        if base is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if base is str:
-            if not isinstance(value, str):
-                raise ValueError
-            return value
-    except (TypeError, ValueError):
-        raise ValueError(f"{where}: expected {getattr(base, '__name__', base)}, got {value!r}") from None
-    return value
-
-
 def broadcast_model(model: nn.Module, comm: Communicator, src: int = 0) -> None:
     """Copy rank ``src``'s parameters and buffers to every rank (one flat broadcast)."""
     tensors = [t for t in (*model.parameters(), *model.buffers()) if t.dtype.is_floating_point]

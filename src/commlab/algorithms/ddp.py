@@ -22,7 +22,7 @@ from commlab.registry import ALGORITHMS
 class DDP(Algorithm):
     """Wrap the model in DistributedDataParallel; the loop runs forward/backward on the wrapper."""
 
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     @dataclass
     class Options:

@@ -25,7 +25,7 @@ from commlab.registry import ALGORITHMS
 class GaussianK(SparseAlgorithm):
     """Gaussian-fit threshold selection, allgatherv, average."""
 
-    comm_pattern = "allgather"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     @dataclass
     class Options(SparseOptions):

@@ -74,7 +74,7 @@ def tree_topk(comm: Communicator, idx: torch.Tensor, val: torch.Tensor, k: int, 
 class GlobalTopk(SparseAlgorithm):
     """Tree-reduced global top-k, broadcast from rank 0."""
 
-    comm_pattern = "tree"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "tree"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     @dataclass
     class Options(SparseOptions):

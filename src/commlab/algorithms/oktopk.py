@@ -83,7 +83,7 @@ CONTROLS = ("bounded", "release")
 class OkTopk(SparseAlgorithm):
     """Ok-Topk sparse allreduce with residuals, threshold reuse and balanced regions."""
 
-    comm_pattern = "oktopk"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "oktopk"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     @dataclass
     class Options(SparseOptions):

@@ -117,7 +117,7 @@ class PeriodicAveraging(Algorithm):
     options have ``warmup_steps`` runs that many synchronous steps first (gradients allreduced,
     one global reduction each)."""
 
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     def make_schedule(self) -> Schedule:
         raise NotImplementedError

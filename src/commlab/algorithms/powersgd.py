@@ -60,7 +60,7 @@ def compressible(shape: torch.Size, rank: int, min_compression_rate: float) -> b
 class PowerSGD(Algorithm):
     """Rank-r PowerSGD with error feedback and warm start; dense allreduce for the first steps."""
 
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     @dataclass
     class Options:

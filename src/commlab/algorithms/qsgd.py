@@ -35,7 +35,7 @@ QSGD_STREAM = 41  # the rank generator stream reserved for QSGD's stochastic rou
 class QSGD(Algorithm):
     """All-gather QSGD-quantised gradients, decode and average them every step."""
 
-    comm_pattern = "allgather"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     @dataclass
     class Options:

@@ -145,7 +145,7 @@ class Layer:
 class RedSync(Algorithm):
     """Momentum-corrected residual compression with RedSync's selectors (see the module notes)."""
 
-    comm_pattern = "allgather"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     Options = RedSyncOptions
 

@@ -115,7 +115,7 @@ class _InFlight:
 class DelayedGlobalSGD(Algorithm):
     """Global replica by overlapped synchronous SGD, local replica by compensated local steps."""
 
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     Options = DelayedOptions
 

@@ -27,7 +27,7 @@ def allreduce_gradients(buckets: list[list[torch.nn.Parameter]], comm) -> None:
 class SynchronousSGD(Algorithm):
     """Average gradients every step with a bucketed dense allreduce."""
 
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     @dataclass
     class Options:

@@ -23,7 +23,7 @@ from commlab.registry import ALGORITHMS
 class TopkAllgather(SparseAlgorithm):
     """Exact local top-k, allgather, average."""
 
-    comm_pattern = "allgather"  # the cost model's formula (commlab.costmodel.PATTERNS)
+    comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         with self.selecting(acc.device) as box:

@@ -3,7 +3,7 @@
 Every benchmark writes ``reports/bench/<name>.json`` (machine-readable, with an ``environment``
 block naming the host, the device and the commit) and ``reports/bench/<name>.md`` (a short
 summary). Training-based benchmarks run ``commlab train`` on their workers, on loopback or inside
-an :class:`~commlab.netem.EmulatedNetwork`, with a private MLflow store, and read the logged
+an :class:`~commlab.launch.netem.EmulatedNetwork`, with a private MLflow store, and read the logged
 cumulative counters back to get per-step time, compute, bytes and collectives.
 """
 
@@ -21,6 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+
+from commlab.config import apply_override
 
 OUT_DIR = "reports/bench"
 POINT_KEYS = ("wall_seconds", "samples", "compute_seconds", "comm_seconds", "bytes_sent", "bytes_recv",
@@ -64,7 +66,7 @@ def add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 def emulation_unavailable() -> str | None:
     """Why namespaces cannot be built here, or None when they can."""
-    from commlab.netem import NetemError, preflight
+    from commlab.launch.netem import NetemError, preflight
 
     try:
         preflight()
@@ -124,7 +126,7 @@ def network_context(net: float | str, workers: int):
     if net == "loopback":
         yield None
         return
-    from commlab.netem import EmulatedNetwork, NetworkSpec
+    from commlab.launch.netem import EmulatedNetwork, NetworkSpec
 
     spec = NetworkSpec(bandwidth_mbit=None if net == "unshaped" else float(net))
     with EmulatedNetwork(workers, spec) as emulated:
@@ -152,6 +154,7 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     """Run one training config on its workers (in ``net`` if given) and return what it logged:
     ``{"rc", "seconds", "points": [{step, key: value}], "final", "log"}``."""
     from commlab.launch import run_in_network, run_on_loopback
+    from commlab.launch.torchrun import network_override, train_argv
 
     workdir.count += 1
     folder = workdir.path / f"run{workdir.count:03d}"
@@ -161,7 +164,7 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     config["train"] = {**config.get("train", {}), "checkpoint_every_epochs": 0}
     (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     sentinel = folder / "sentinel.json"
-    argv = ["-m", "commlab", "train", "--config", str(folder / "config.yaml"), "--sentinel", str(sentinel)]
+    argv = train_argv(str(folder / "config.yaml"), str(sentinel), [network_override(net)] if net else [])
     env = {"MLFLOW_TRACKING_URI": workdir.uri, "OMP_NUM_THREADS": str(config.get("threads", 1))}
     log = str(folder / "train.log")
     t0 = time.perf_counter()
@@ -258,8 +261,10 @@ def base_config(args, method: str, workers: int, steady: bool = True) -> dict:
               "train": {"epochs": getattr(args, "epochs", 1), "batch_size": args.batch_size, "lr": args.lr,
                         "log_every": args.log_every, "max_steps": getattr(args, "max_steps", None)}}
     params = grid_method_params(method) if getattr(args, "options", "defaults") == "grid" else {}
-    params.update({k.split(".", 1)[1]: yaml.safe_load(v) for k, v in (p.split("=", 1) for p in args.param or [])
-                   if k.split(".", 1)[0] == method})
+    chosen: dict = {}
+    for assignment in args.param or []:  # METHOD.KEY=VALUE, parsed as run-config overrides are
+        apply_override(chosen, assignment)
+    params.update(chosen.get(method) or {})
     if steady and getattr(args, "no_warmup", False):
         from dataclasses import fields
 

@@ -2,7 +2,7 @@
 
 Spec 8 part 4. Every registered method (or ``--methods``) trains the same short run
 (``--max-steps`` steps of the laptop CNN, 4 workers) on loopback and on emulated links of 1 Gbit/s
-and 100 Mbit/s (:mod:`commlab.netem`), all in this one invocation, so each ratio compares runs
+and 100 Mbit/s (:mod:`commlab.launch.netem`), all in this one invocation, so each ratio compares runs
 measured minutes apart on the same machine. Samples/s is taken between the first and the last
 logged point of each run (start-up, the first steps and the final evaluation drop out); the
 JSON also keeps per-step compute, communication, bytes and collectives, which feed the cost

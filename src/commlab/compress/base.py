@@ -17,15 +17,12 @@ from typing import Protocol
 
 import torch
 
+from commlab.core.sparse import index_dtype  # noqa: F401 - the selectors' index type, defined in core
+
 
 class Selector(Protocol):
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
         """Indices (int64) of about ``k`` entries of ``x.view(-1)`` with the largest |x|."""
-
-
-def index_dtype(n: int) -> torch.dtype:
-    """int32 when every index of an ``n``-element tensor fits (exact up to 2^31 - 1), else int64."""
-    return torch.int32 if n < 2**31 else torch.int64
 
 
 def k_for_density(n: int, density: float) -> int:

@@ -104,7 +104,7 @@ WORKER_NAME = "commlab-rank{rank}"  # a training worker's process name (ps, top,
 
 def name_worker_process(rank: int) -> None:
     """Name this process after its rank: workers forked from one server share its command line,
-    so the name is what tells them apart (commlab.jobtools.worker_pids finds them by it). Linux
+    so the name is what tells them apart (commlab.testing.jobs.worker_pids finds them by it). Linux
     only; elsewhere a no-op."""
     import ctypes
     import ctypes.util

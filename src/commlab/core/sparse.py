@@ -2,7 +2,7 @@
 
 A sparse contribution is a pair of tensors: ``indices`` (positions in a flat tensor of ``n``
 elements) and ``values``. Indices always travel in their own integer tensor of
-:func:`~commlab.compress.base.index_dtype` (int32 below 2^31 elements, int64 above), values in
+:func:`index_dtype` (int32 below 2^31 elements, int64 above), values in
 their own dtype; nothing is packed into floats, so indices above 2^24 stay exact. Everything is
 built on the :class:`~commlab.core.Communicator`, so every element and byte is counted, and works
 on gloo and NCCL alike: data stay on their device, only the per-rank counts are read on the host.
@@ -34,8 +34,13 @@ from __future__ import annotations
 
 import torch
 
-from commlab.compress.base import index_dtype
 from commlab.core.communicator import Communicator, ring_chunks
+
+
+def index_dtype(n: int) -> torch.dtype:
+    """int32 when every index of an ``n``-element tensor fits (exact up to 2^31 - 1), else int64."""
+    return torch.int32 if n < 2**31 else torch.int64
+
 
 SCHEDULES = ("alltoall", "rounds")
 

@@ -7,8 +7,8 @@ previous checkpoint in force; a half-written file is never named by it. Files ar
 before they are renamed, so a node crash cannot leave ``latest.json`` naming data still in a page
 cache. With several nodes, ``<dir>`` must be on a file system every node sees.
 
-What goes into ``state`` is the loop's business (see :mod:`commlab.train`): model, optimizer,
-algorithm state, communication counters, RNG states, data position, MLflow run id.
+What goes into ``state`` is the loop's business (:meth:`commlab.loop.loop.Run.checkpoint`): model,
+optimizer, algorithm state, communication counters, RNG states, data position, MLflow run id.
 """
 
 from __future__ import annotations

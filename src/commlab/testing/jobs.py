@@ -3,15 +3,15 @@
 The fault, resume and concurrency tests drive real ``commlab launch`` / ``torchrun`` jobs with
 these helpers, and they serve to rehearse a preemption by hand::
 
-    job = start_job(["launch", "--config", "run.yaml"], log="job.log", env={"COMMLAB_STEP_DELAY_S": "0.1"})
+    job = start_job(["launch", "--config", "run.yaml"], log="job.log")   # run.yaml: testing.step_delay_s: 0.1
     wait_for(lambda: checkpoint_step("out") == 16, job=job)     # epoch 1 is checkpointed
     signal_job(job, signal.SIGTERM)                             # what SLURM sends before preemption
     job.wait()                                                  # 143: preempted, resumable
 
 :func:`signal_job` reaches the launcher, torchrun and every worker at once, as SLURM's signals
 reach every process of a job step.
-``COMMLAB_STEP_DELAY_S`` makes the loop sleep after each step so that a signal sent from outside
-lands where the test means it to (mid-epoch), however loaded the machine is.
+The run config's ``testing.step_delay_s`` makes the loop sleep after each step so that a signal
+sent from outside lands where the test means it to (mid-epoch), however loaded the machine is.
 """
 
 from __future__ import annotations
@@ -27,8 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import yaml
-
-STEP_DELAY_ENV = "COMMLAB_STEP_DELAY_S"
 
 
 def write_config(path: str | Path, **fragment) -> Path:

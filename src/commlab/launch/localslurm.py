@@ -9,7 +9,7 @@ namespace (the login node, where ``sbatch``, Snakemake and the MLflow server run
     c<i>  : commlab-slurm-c<i> eth0 198.19.0.<10+i> (slurmd -N c<i>, host name c<i>)
 
 Addresses come from 198.19.0.0/24, inside the RFC 2544 benchmarking range and apart from the
-198.18.0.x addresses :mod:`commlab.netem` gives its workers (in namespaces that never reach the
+198.18.0.x addresses :mod:`commlab.launch.netem` gives its workers (in namespaces that never reach the
 host's). Every node's ``/etc/hosts`` is its namespace's ``/etc/netns/<ns>/hosts``, bound over it in
 the daemon's mount namespace, so ``c1`` resolves on every node as through a cluster's DNS; the
 config directory is bound over ``/etc/slurm`` the same way. One ``munged`` with a key of its own
@@ -17,9 +17,9 @@ serves every daemon through a socket in the state directory; no system file outs
 ``/etc/netns/commlab-slurm-*`` is written. Accounting is real: slurmdbd on a throwaway MariaDB on
 the controller, so ``sacct`` and ``sacctmgr`` answer as on a site (account ``commlab``, user root).
 
-    python -m commlab.localslurm up   [--dir /tmp/commlab-slurm] [--nodes 2]
+    python -m commlab.launch.localslurm up   [--dir /tmp/commlab-slurm] [--nodes 2]
     SLURM_CONF=/tmp/commlab-slurm/etc/slurm.conf sinfo
-    python -m commlab.localslurm down [--dir /tmp/commlab-slurm]
+    python -m commlab.launch.localslurm down [--dir /tmp/commlab-slurm]
 
 Needs root, iproute2, util-linux (unshare, nsenter) and Debian's slurmctld, slurmd, slurm-client,
 slurmdbd, munge and mariadb-server (``make system-packages``).
@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from commlab.netem import delete_namespaces, list_namespaces, namespace_pids
+from commlab.launch.netem import delete_namespaces, list_namespaces, namespace_pids
 
 PREFIX = "commlab-slurm"
 BRIDGE = "cmlslurm0"
@@ -111,7 +111,7 @@ class LocalCluster:
         nodes = "\n".join(f"NodeName={n} NodeAddr={self.address(n)} NodeHostname={n} CPUs={self.cpus} "
                           f"RealMemory={self.mem_mb} State=UNKNOWN" for n in self.node_names)
         self.conf.write_text(f"""\
-# Local test cluster (commlab.localslurm); every path under {r}.
+# Local test cluster (commlab.launch.localslurm); every path under {r}.
 ClusterName=commlab
 SlurmctldHost={CTL_NAME}({CTL_ADDR})
 SlurmUser=root
@@ -219,7 +219,7 @@ LogFile={r}/log/slurmdbd.log
                                "as root (Debian: slurmctld slurmd slurm-client munge iproute2 util-linux)")
         if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0 or list_namespaces(PREFIX + "-"):
             raise ClusterError(f"a local SLURM cluster is already up (bridge {BRIDGE}, namespaces {PREFIX}-*): "
-                               "stop it first with `make slurm-down` (python -m commlab.localslurm down)")
+                               "stop it first with `make slurm-down` (python -m commlab.launch.localslurm down)")
         try:
             self._write_config()
             self._build_network()
@@ -319,7 +319,7 @@ LogFile={r}/log/slurmdbd.log
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m commlab.localslurm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m commlab.launch.localslurm", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--dir", default=DEFAULT_DIR, help="state directory (config, spools, logs)")
     parser.add_argument("--nodes", type=int, default=2, help="compute nodes")
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cluster.down()
     except ClusterError as err:
-        print(f"commlab.localslurm: {err}", file=sys.stderr)
+        print(f"commlab.launch.localslurm: {err}", file=sys.stderr)
         return 1
     return 0
 

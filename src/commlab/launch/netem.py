@@ -428,11 +428,11 @@ class EmulatedNetwork:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m commlab.netem cleanup``: remove namespaces left by dead launchers;
-    ``python -m commlab.netem list``: show the namespaces of commlab runs."""
+    """``python -m commlab.launch.netem cleanup``: remove namespaces left by dead launchers;
+    ``python -m commlab.launch.netem list``: show the namespaces of commlab runs."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m commlab.netem", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m commlab.launch.netem", description=main.__doc__)
     parser.add_argument("action", choices=["cleanup", "list"])
     args = parser.parse_args(argv)
     try:

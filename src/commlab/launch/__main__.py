@@ -1,0 +1,5 @@
+"""``python -m commlab.launch --config run.yaml``: the same as ``commlab launch``."""
+
+from commlab.launch.command import main
+
+raise SystemExit(main())

@@ -1,0 +1,139 @@
+"""Launch one experiment on its workers: the command Snakemake runs for every grid cell.
+
+    python -m commlab launch --config results/p/name/seed0/config.yaml --sentinel .../sentinel.json
+    python -m commlab launch --config run.yaml --network-mbit 1000     # emulated 1 Gbit/s links
+
+* one node: ``torchrun --standalone`` with ``workers`` processes (a free rendezvous port is picked,
+  so parallel jobs never collide), run inside this process (:func:`run_torchrun`), its workers
+  forked from a server that imported torch and the training loop once (:mod:`.torchrun`);
+* several nodes (``nodes > 1``, inside a SLURM allocation): ``srun`` starts one torchrun per node,
+  which meet through c10d rendezvous at the first node of the allocation;
+* ``max_restarts > 0`` lets torchrun restart failed workers, which resume from the last checkpoint;
+* emulated network (config ``network: {bandwidth_mbit: ..., latency_ms: ...}`` or ``--network-mbit``,
+  spec 8 part 1): :mod:`commlab.launch.netem` builds one namespace per worker with shaped links, and each
+  worker starts directly inside its namespace (``ip netns exec <ns> python -m commlab.loop ...``)
+  with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT/GLOO_SOCKET_IFNAME set, and are
+  supervised as torchrun does (:mod:`.supervise`): one worker failing stops the others and the launch exits
+  non-zero naming the rank; SIGTERM/SIGINT are forwarded (workers checkpoint and exit 143); the
+  namespaces are always torn down. The links as built and their measured throughput reach the
+  workers as a config override (``network.emulated``), so that rank 0 logs them as MLflow params.
+
+The config is validated here first, so a bad key fails before any worker starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import subprocess
+import sys
+
+from commlab.config import ConfigError, load_config
+from commlab.launch.supervise import run_in_network
+from commlab.launch.torchrun import (
+    TORCHRUN,
+    network_override,
+    run_torchrun,
+    srun_command,
+    srun_env,
+    start_worker_server_early,
+    torchrun_args,
+    train_argv,
+)
+
+
+def network_section(config: dict, mbit: float | None = None, latency_ms: float | None = None) -> dict | None:
+    """The config's ``network`` section with command-line overrides applied."""
+    section = dict(config.get("network") or {})
+    section.pop("emulated", None)  # what an earlier launch built: rebuilt here
+    if mbit is not None:
+        section["bandwidth_mbit"] = mbit
+    if latency_ms is not None:
+        section["latency_ms"] = latency_ms
+    return section or None
+
+
+def launch_emulated(config: dict, config_path: str, sentinel: str | None, section: dict) -> int:
+    """Start the workers in an emulated network; always tear it down."""
+    from commlab.launch.netem import EmulatedNetwork, NetemError, NetworkSpec, Terminated
+
+    try:
+        spec = NetworkSpec.from_config(section)
+    except (TypeError, ValueError) as err:
+        print(f"commlab launch: {err}", file=sys.stderr)
+        return 2
+    if config.get("nodes", 1) > 1:
+        print("commlab launch: network emulation runs on one node; set nodes: 1", file=sys.stderr)
+        return 2
+    net = EmulatedNetwork(config["workers"], spec)
+    try:
+        try:
+            params = net.up()
+        except NetemError as err:
+            print(f"commlab launch: {err}", file=sys.stderr)
+            return 2
+        print(f"[commlab launch] emulated network {net.run_id}: " + ", ".join(
+            f"{k.removeprefix('network_')}={v}" for k, v in params.items()), flush=True)
+        rc = 1
+        for attempt in range(config.get("max_restarts", 0) + 1):
+            if attempt:
+                print(f"[commlab launch] restart {attempt}: workers resume from the last checkpoint", flush=True)
+            rc = run_in_network(net, train_argv(config_path, sentinel, [network_override(net)]))
+            if rc == 0:
+                break
+        return rc
+    except Terminated as err:
+        return 128 + err.signum
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    finally:
+        net.down()
+
+
+def launch(config_path: str, sentinel: str | None = None, network_mbit: float | None = None,
+           latency_ms: float | None = None) -> int:
+    if network_mbit is None and latency_ms is None:
+        start_worker_server_early(config_path)
+    try:
+        config = load_config(config_path)
+    except ConfigError as err:
+        print(f"commlab launch: {err}", file=sys.stderr)
+        return 2
+    section = network_section(config, network_mbit, latency_ms)
+    if section:
+        return launch_emulated(config, config_path, sentinel, section)
+    if config.get("nodes", 1) > 1:
+        if shutil.which("srun") is None:
+            print("commlab launch: nodes > 1 needs srun (run inside a SLURM allocation)", file=sys.stderr)
+            return 2
+        try:
+            args = torchrun_args(config, config_path, sentinel)
+        except (RuntimeError, OSError, subprocess.SubprocessError) as err:  # no allocation, scontrol failed
+            print(f"commlab launch: cannot find the allocation's first node: {err}", file=sys.stderr)
+            return 2
+        cmd = srun_command(config["nodes"]) + TORCHRUN + args
+        print("[commlab launch] " + " ".join(cmd), flush=True)
+        return subprocess.call(cmd, env=srun_env())
+    args = torchrun_args(config, config_path, sentinel)
+    print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
+    return run_torchrun(args)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``launch`` options (shared by ``commlab launch`` and ``python -m commlab.launch``)."""
+    parser.add_argument("--config", required=True, help="run config YAML")
+    parser.add_argument("--sentinel", help="run record JSON written by rank 0 at the end")
+    parser.add_argument("--network-mbit", type=float, metavar="MBIT",
+                        help="emulate per-worker links of this bandwidth (needs root and iproute2); "
+                             "overrides network.bandwidth_mbit")
+    parser.add_argument("--latency-ms", type=float, metavar="MS",
+                        help="one-way latency to emulate (needs sch_netem); overrides network.latency_ms")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m commlab.launch", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return launch(args.config, args.sentinel, args.network_mbit, args.latency_ms)
+

@@ -1,0 +1,282 @@
+"""The one training loop. Every method of every paper runs through it.
+
+Launch (4 CPU workers, gloo)::
+
+    torchrun --standalone --nproc-per-node 4 -m commlab.loop --config run.yaml train.epochs=1
+    python -m commlab train --config run.yaml          # alone: a world of one worker
+
+Read top to bottom: :func:`train` sets the process up; :class:`Run` builds a rank's data shard,
+model, optimizer, algorithm and logger (resuming from the rank's checkpoint when there is one);
+:func:`steps` is the step loop. A step is forward, backward, ``algo.after_backward`` (gradient
+sync), optimizer step, ``algo.after_step`` (model sync). Every ``train.log_every`` steps a log
+point runs on every rank: one small control allreduce (outside the Communicator's accounting: it
+is instrumentation, not the method's traffic) averages the loss, spreads a SIGTERM to every rank
+so all checkpoint at the same step, and stops the run on a non-finite loss anywhere; then the
+method's ``metrics()`` (on every rank: a method may reduce there) and rank 0's log.
+
+Resume and faults (docs/cluster.md): a checkpoint at every epoch end (and on SIGTERM) holds the
+model, optimizer, algorithm state, communication counters, RNG states, data position, running
+sums and the MLflow run id, per rank; launching the same config again continues from it, logging
+to the same run, and ends with the parameters and metrics of an uninterrupted run. SIGTERM/SIGINT
+exits with 143 (preempted, resumable) and marks the run KILLED; an error marks it FAILED.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from commlab.algorithms.base import AlgoContext, StepInfo
+from commlab.config import run_dir
+from commlab.core import CommStats, Communicator, init_runtime, seed_everything, shutdown_runtime
+from commlab.core.runtime import name_worker_process
+from commlab.loop.batches import RunData
+from commlab.loop.checkpoint import load_checkpoint, save_checkpoint
+from commlab.loop.display import ProgressDisplay
+from commlab.loop.evaluation import evaluate_on_main
+from commlab.loop.logger import open_logger
+from commlab.loop.metrics import NonFiniteLoss, control, step_metrics
+from commlab.loop.outputs import write_outputs
+from commlab.loop.runstate import (
+    EXIT_PREEMPTED,
+    Preempted,
+    Progress,
+    StopSignal,
+    check_fingerprint,
+    fingerprint,
+    rng_state,
+    set_rng_state,
+)
+from commlab.models import build_model
+from commlab.optim import lr_at, set_lr
+from commlab.options import parse_options
+from commlab.registry import ALGORITHMS
+
+__all__ = ["EXIT_PREEMPTED", "Run", "steps", "train"]
+
+
+def train(config: dict, sentinel=None, options=None) -> dict:
+    """Run one experiment; return the final metrics (on every rank). ``options`` are the method's
+    parsed Options (parsed here when not given). A SIGTERM/SIGINT ends the run with a checkpoint
+    and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
+    rt = init_runtime(config["backend"], config["timeout_s"])
+    name_worker_process(rt.rank)
+    stop = StopSignal()
+    stop.install()
+    try:
+        torch.set_num_threads(config["threads"])
+        seed_everything(config["seed"], rt.rank)
+        run = Run(config, rt, options)
+        status = "FAILED"
+        try:
+            steps(run, stop)
+            run.finish()
+            status = "FINISHED"
+            if rt.is_main:
+                write_outputs(config, run.out, sentinel, run.logger, run.p.final, run.p.golden, run.data.meta,
+                              run.ckpt_dir, rt.world_size)
+            return run.p.final
+        except Preempted:
+            status = "KILLED"
+            raise
+        finally:
+            run.display.close()
+            run.logger.close(status)
+    except Preempted:
+        raise SystemExit(EXIT_PREEMPTED) from None
+    except RuntimeError as err:
+        if isinstance(err, dist.DistError) or any(k in str(err) for k in ("gloo", "NCCL", "Connection")):
+            print(f"[commlab] rank {rt.rank}: a collective failed: a peer died, or stalled for more than "
+                  f"timeout_s={config['timeout_s']} s ({str(err).splitlines()[0][:160]})", file=sys.stderr, flush=True)
+        raise
+    finally:
+        stop.uninstall()
+        shutdown_runtime()
+
+
+def steps(run: Run, stop: StopSignal) -> None:
+    """The step loop: every step of the run, an evaluation (and checkpoint) at each epoch end, a
+    log point every ``train.log_every`` steps; all ranks agree there to stop on a SIGTERM."""
+    p, data = run.p, run.data
+    # A checkpoint taken on SIGTERM at an epoch's last step resumes with pos == steps_per_epoch:
+    # the epoch's evaluation is still due.
+    while p.step < data.total_steps or p.pos == data.steps_per_epoch:
+        if p.pos == data.steps_per_epoch:
+            run.end_epoch()
+            continue
+        batches = data.epoch_batches(p.epoch, run.rt.rank, run.rt.world_size)
+        while p.pos < data.steps_per_epoch and p.step < data.total_steps:
+            run.step(batches[p.pos])
+            if (p.step % run.log_every == 0 or p.step == data.total_steps) and run.log_point(stop.requested):
+                raise Preempted()
+
+
+class Run:
+    """One rank's experiment: what a step needs, and the step, log point, epoch end and finish."""
+
+    def __init__(self, config: dict, rt, options=None):
+        self.config, self.rt, self.tcfg = config, rt, config["train"]
+        self.out = run_dir(config)
+        self.ckpt_dir = self.out / "checkpoints"
+        self.log_every = self.tcfg["log_every"]
+        self.step_delay_s = float((config.get("testing") or {}).get("step_delay_s", 0))
+        self.data = data = RunData(config, rt.world_size)
+        self.aug_gen = torch.Generator().manual_seed(config["seed"] * 7919 + rt.rank)
+
+        spec = data.spec
+        self.model = build_model(config["model"], spec.channels, spec.num_classes, spec.image_size).to(rt.device)
+        self.comm = Communicator(stats=CommStats())
+        algo_cls = ALGORITHMS.get(config["method"])
+        if options is None:
+            options = parse_options(algo_cls.Options, config.get("method_params"))
+        ctx = AlgoContext(rt, self.tcfg, config["seed"], data.steps_per_epoch, data.total_steps,
+                          extras={"workers_per_node": config["workers"]})
+        self.algo = algo_cls(self.model, self.comm, options, ctx)
+        self.optimizer = self.algo.optimizer = self.algo.build_optimizer()
+        self.algo.setup()
+
+        self.p = Progress()
+        self.resume()
+        # MLflow gets every method option, the defaults included, so that runs compare on all of them.
+        # The emulated link's figures (network.emulated) are params of their own: network_label, ...
+        network = dict(config.get("network") or {})
+        emulated = network.pop("emulated", None) or {}
+        params = {**config, "network": network or None, "method_params": dataclasses.asdict(options),
+                  "model_parameters": sum(t.numel() for t in self.model.parameters()), **emulated}
+        self.logger = open_logger(config, params, self.tags(), rt, self.p.run_id)
+        self.p.run_id = self.logger.run_id
+        self.display = ProgressDisplay(data.total_steps, self.p.step, config.get("name") or config["method"],
+                                       enabled=rt.is_main)
+        self.lr = 0.0
+        self.t_start = time.perf_counter()
+
+    def resume(self) -> None:
+        """Everything a step depends on comes back from this rank's checkpoint, if there is one."""
+        state = load_checkpoint(self.ckpt_dir, self.rt.rank, self.rt.world_size)
+        if state is None:
+            return
+        check_fingerprint(state.get("fingerprint"), self.config, str(self.ckpt_dir))
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.algo.load_state_dict(state["algorithm"])
+        self.comm.stats.load_state_dict(state["stats"])
+        set_rng_state(state["rng"])
+        self.aug_gen.set_state(state["aug_rng"])
+        p = self.p = Progress.from_state(state["progress"])
+        if self.rt.is_main:
+            print(f"[commlab] resuming from the checkpoint at step {p.step} (epoch {p.epoch})"
+                  + (f", torchrun restart {self.rt.restart}" if self.rt.restart else ""), file=sys.stderr, flush=True)
+        if p.done and p.step != self.data.total_steps:
+            raise ValueError(f"the run in {self.out} finished after {p.step} steps but the config now asks for "
+                             f"{self.data.total_steps}; use another output_dir for a longer run")
+
+    def tags(self) -> dict[str, str]:
+        """The MLflow run's tags. Under an emulated network the launcher puts the link as built and
+        measured into the config (``network.emulated``): its label is a tag too."""
+        config, rt = self.config, self.rt
+        from commlab.tracking import git_commit
+
+        tags = {"paper": config["paper"], "method": config["method"],
+                "name": config.get("name") or config["method"], "seed": str(config["seed"]),
+                "workers": str(rt.world_size), "backend": rt.backend, "git_commit": git_commit(),
+                "data_hash": str(self.data.meta.get("content_hash")), "model": config["model"],
+                "dataset": config["dataset"], "scale": config.get("scale") or "adhoc"}
+        emulated = (config.get("network") or {}).get("emulated")
+        if emulated:
+            tags["network"] = str(emulated.get("network_label", emulated.get("network_bandwidth_mbit")))
+        return tags
+
+    def step(self, idx: torch.Tensor) -> None:
+        """One optimizer step on this rank's samples ``idx``."""
+        p, algo, optimizer, stats = self.p, self.algo, self.optimizer, self.comm.stats.counters
+        xb, yb = self.data.batch(idx, self.aug_gen, self.rt.device)
+        self.lr = lr_at(p.step, self.data.steps_per_epoch, self.data.total_steps, self.tcfg)
+        set_lr(optimizer, self.lr)
+        info = StepInfo(p.step, p.epoch, self.lr)
+
+        t0, comm0 = time.perf_counter(), stats["comm_seconds"] + stats["blocked_seconds"]
+        optimizer.zero_grad(set_to_none=False)
+        loss = F.cross_entropy(algo.forward_model(xb), yb)
+        loss.backward()
+        algo.after_backward(info)
+        if self.tcfg.get("grad_clip"):
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg["grad_clip"])
+        optimizer.step()
+        algo.after_step(info)
+        # Compute is the step minus the time in collectives and in waits for asynchronous ones.
+        comm1 = stats["comm_seconds"] + stats["blocked_seconds"]
+        p.compute_s += (time.perf_counter() - t0) - (comm1 - comm0)
+
+        loss_value = loss.item()
+        p.window_loss += loss_value if math.isfinite(loss_value) else float("inf")
+        p.window_n += 1
+        p.step += 1
+        p.pos += 1
+        self.display.update()
+        if self.step_delay_s:  # testing.step_delay_s: time for a test to signal mid-epoch
+            time.sleep(self.step_delay_s)
+
+    def log_point(self, stop_requested: bool) -> bool:
+        """Every rank: the control allreduce, the method's metrics, rank 0's log. Returns whether
+        all ranks stop now (a SIGTERM reached one of them); the checkpoint is then written."""
+        p, rt = self.p, self.rt
+        mean_loss, stop_now, bad = control(p.window_loss, p.window_n, stop_requested, rt)
+        if bad:
+            raise NonFiniteLoss(f"non-finite training loss at step {p.step} (epoch {p.epoch}) on {bad} rank(s); "
+                                f"lower train.lr or enable train.grad_clip")
+        metrics = step_metrics(self.comm.stats.totals(), self.algo.metrics(), mean_loss, self.lr, p.step, p.epoch,
+                               p.step * rt.world_size * self.data.batch_size, p.compute_s, self.wall_s())
+        p.final.update(metrics)
+        self.logger.log_metrics(metrics, p.step)
+        if self.config.get("golden"):
+            p.golden.append({"step": p.step, "train_loss": round(mean_loss, 6)})
+        self.display.show_loss(mean_loss)
+        p.window_loss, p.window_n = 0.0, 0
+        if stop_now:
+            self.logger.flush()
+            self.checkpoint()
+        return stop_now
+
+    def end_epoch(self) -> None:
+        p = self.p
+        p.epoch, p.pos = p.epoch + 1, 0
+        self.evaluate()
+        p.final["epoch"] = p.epoch
+        self.logger.flush()
+        every = self.tcfg.get("checkpoint_every_epochs", 1)
+        if every and p.epoch % every == 0 and p.step < self.data.total_steps:
+            self.checkpoint()
+
+    def finish(self) -> None:
+        """The method's last word, a final evaluation unless an epoch end just did one, the last
+        checkpoint (a re-launch of a finished run only rewrites its outputs)."""
+        p = self.p
+        if p.done:
+            return
+        self.algo.finish()
+        if p.pos != 0 or "test_accuracy" not in p.final:  # stopped by max_steps mid-epoch
+            self.evaluate()
+        p.done = True
+        self.checkpoint()
+
+    def evaluate(self) -> None:
+        test_loss, test_acc = evaluate_on_main(self.algo, self.data, self.tcfg["eval_batch_size"], self.rt)
+        self.p.final.update(test_loss=test_loss, test_accuracy=test_acc)
+        self.logger.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, self.p.step)
+
+    def wall_s(self) -> float:
+        return self.p.wall_s + time.perf_counter() - self.t_start
+
+    def checkpoint(self) -> None:
+        save_checkpoint(self.ckpt_dir, self.p.step, self.rt.rank, self.rt.world_size, {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(), "rng": rng_state(),
+            "aug_rng": self.aug_gen.get_state(), "fingerprint": fingerprint(self.config),
+            "progress": {**self.p.state_dict(), "wall_s": self.wall_s()},
+        })

@@ -1,0 +1,57 @@
+"""The worker entry point: ``commlab train`` and every worker the launcher starts come here.
+
+    python -m commlab.loop --config run.yaml [--sentinel FILE] [key=value ...]
+
+The config is loaded and validated (the method's options parsed once, here), then the loop runs.
+A bad config or missing data exits 2 with one message (printed by rank 0 only: under torchrun
+every rank hits the same error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``train`` options (shared by ``commlab train`` and ``python -m commlab.loop``)."""
+    parser.add_argument("--config", help="run config YAML (defaults apply to missing keys)")
+    parser.add_argument("--sentinel", help="write the run record JSON here (default: <output_dir>/sentinel.json)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+
+
+def _say_once(message: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train the config ``args`` name; the exit status."""
+    from commlab.config import ConfigError, load_run
+
+    try:
+        config, options = load_run(args.config, args.overrides)
+    except ConfigError as err:
+        _say_once(f"commlab train: {err}")
+        return 2
+    if args.print_config:
+        import yaml
+
+        print(yaml.safe_dump(config, sort_keys=False))
+        return 0
+    from commlab.loop.loop import train
+
+    try:
+        train(config, sentinel=args.sentinel, options=options)
+    except (FileNotFoundError, ValueError) as err:
+        _say_once(f"commlab train: {err}")
+        return 2
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m commlab.loop", description="Run one experiment's worker.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

@@ -1,0 +1,118 @@
+"""The package's layering holds (README, "Architecture"): read from the source, every import counted,
+also those inside functions.
+
+* no import cycle among commlab's modules;
+* ``core`` imports nothing of commlab above it;
+* ``compress`` and ``algorithms`` never import the loop, tracking, launching, the CLI, reports or
+  benchmarks;
+* the config (and the generic options parser) do not import the methods.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in (SRC / "commlab").rglob("*.py")}
+
+
+def _known(name: str) -> str | None:
+    """The longest prefix of ``name`` that is a commlab module."""
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:i])
+        if candidate in MODULES:
+            return candidate
+    return None
+
+
+def imports_of(name: str, path: Path) -> set[str]:
+    """The commlab modules ``name`` imports anywhere in its file (module or function level)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from pkg import sub` imports the module pkg.sub when there is one
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        found.update(t for t in map(_known, targets) if t and t != name)
+    return found
+
+
+GRAPH = {name: imports_of(name, path) for name, path in MODULES.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` as a path (first node repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start)):
+            return cycle
+    return None
+
+
+def _inside(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def _violations(packages: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if any(_inside(m, p) for p in packages)
+                  for t in targets if any(_inside(t, f) for f in forbidden))
+
+
+def test_the_checker_sees_a_cycle_and_the_imports_it_must():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    # module-level, function-level and relative imports are all seen
+    assert "commlab.loop.loop" in GRAPH["commlab.loop.worker"]  # imported inside a function
+    assert "commlab.launch.netem" in GRAPH["commlab.launch.supervise"]
+    assert {"commlab.core.communicator", "commlab.core.stats"} <= GRAPH["commlab.core"]
+
+
+def test_no_import_cycle():
+    assert find_cycle(GRAPH) is None, " -> ".join(find_cycle(GRAPH))
+
+
+def test_core_imports_only_core():
+    outside = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if _inside(m, "commlab.core")
+                     for t in targets if not _inside(t, "commlab.core"))
+    assert outside == []
+
+
+def test_methods_and_compressors_never_import_the_layers_above():
+    above = tuple(f"commlab.{p}" for p in ("loop", "tracking", "launch", "cli", "report", "bench"))
+    assert _violations(("commlab.compress", "commlab.algorithms"), above) == []
+
+
+def test_config_does_not_import_the_methods():
+    below = ("commlab.config", "commlab.options", "commlab.registry", "commlab.grid")
+    assert _violations(below, ("commlab.algorithms", "commlab.compress", "commlab.loop")) == []
