@@ -7,7 +7,7 @@ export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
 .PHONY: all run test smoke report bench lint mlflow-ui system-packages test-packages apt-run apt-test \
-	clean-results slurm-up slurm-down
+    clean-results slurm-up slurm-down
 
 all: run
 
