@@ -10,6 +10,7 @@ runs the worker entry point, :mod:`commlab.loop.worker` (``python -m commlab.loo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -126,6 +127,18 @@ def run_worker(argv: list[str]) -> None:
         raise SystemExit(rc)
 
 
+#: A worker's exit status for a bad config or damaged data, after its one-line message (loop.worker).
+EXIT_BAD_INPUT = 2
+
+
+class _QuietBadInput(logging.Filter):
+    """Drops the elastic agent's traceback for a worker that exited with :data:`EXIT_BAD_INPUT`:
+    the worker already said what is wrong, and a traceback of the agent's poll loop buries it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return f"(exitcode: {EXIT_BAD_INPUT})" not in record.getMessage()
+
+
 def run_torchrun(args: list[str]) -> int:
     """``torchrun *args`` inside this process, with torchrun's exit status.
 
@@ -136,7 +149,8 @@ def run_torchrun(args: list[str]) -> int:
     importing them (~5 s of CPU apiece). The workers run :func:`run_worker` on the arguments of
     the ``-m commlab.loop`` command in ``args``. On SIGTERM/SIGINT the agent forwards the signal to the workers,
     waits for them (they checkpoint) and this returns 128 + the signal; a failed worker stops the
-    others and the failure table names its rank (exit 1)."""
+    others and the failure table names its rank (exit 1); workers that stopped on a bad config or
+    damaged data (exit 2, their message printed once) give exit 2 and one line."""
     import uuid
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -150,9 +164,16 @@ def run_torchrun(args: list[str]) -> int:
     options.start_method = "forkserver"
     launch_config, _, _ = config_from_args(options)
     start_worker_server()
+    quiet = _QuietBadInput()
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(quiet)
     try:
         elastic_launch(config=launch_config, entrypoint=run_worker)(list(options.training_script_args))
     except ChildFailedError as err:
+        if {f.exitcode for f in err.failures.values()} == {EXIT_BAD_INPUT}:
+            # the workers said what is wrong (rank 0, one line); torch's failure table adds nothing
+            print(f"[commlab launch] the run stopped before training (exit {EXIT_BAD_INPUT}): see the "
+                  "message above", file=sys.stderr, flush=True)
+            return EXIT_BAD_INPUT
         print(err, file=sys.stderr, flush=True)
         return 1
     except SignalException as err:
@@ -160,4 +181,6 @@ def run_torchrun(args: list[str]) -> int:
         print(f"[commlab launch] {signal.Signals(err.sigval).name}: the workers were stopped; exit "
               f"{128 + int(err.sigval)}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
+    finally:
+        logging.getLogger("torch.distributed.elastic.multiprocessing.api").removeFilter(quiet)
     return 0
