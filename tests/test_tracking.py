@@ -121,3 +121,32 @@ def test_source_tags_outside_a_checkout(monkeypatch):
     """Without git (or a checkout) the run still names its source, just no version."""
     monkeypatch.setenv("PATH", "/nonexistent")
     assert set(source_tags()) == {"mlflow.source.name", "mlflow.source.type"}
+
+
+def test_a_training_run_carries_scale_source_and_dataset(tmp_path, uri):
+    """A real run of the loop (one worker, generated data) lands in MLflow with the scale as tag
+    and in its name, the source and git tags, the dataset as a run input, model_parameters, and no
+    checkpoint among its artifacts (tracking.log_checkpoints is off by default)."""
+    run_yaml = tmp_path / "run.yaml"
+    run_yaml.write_text(
+        "paper: trackcheck\nname: probe\nmethod: ssgd\nseed: 3\nscale: smoke\nmodel: mlp\ndataset: synthetic\n"
+        f"output_dir: {tmp_path / 'out'}\ntracking: {{uri: '{uri}', experiment: trackcheck}}\n"
+        "train: {epochs: 1, max_steps: 4, log_every: 2, batch_size: 16}\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "commlab", "train", "--config", str(run_yaml)],
+                         capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("trackcheck")
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    (run,) = client.search_runs([experiment.experiment_id])
+    tags = run.data.tags
+    assert tags["scale"] == "smoke" and tags["mlflow.runName"] == "probe-seed3-smoke"
+    assert tags["mlflow.source.git.commit"] == subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"]
+    assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["synthetic"]
+    assert int(run.data.params["model_parameters"]) > 0
+    assert run.info.status == "FINISHED"
+    artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
+    assert "checkpoint" not in artifacts, artifacts
