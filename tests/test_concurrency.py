@@ -84,8 +84,8 @@ def test_snakemake_grid_of_8_runs_loses_nothing(tmp_path):
     # log, since MLflow run spans cover only the training loop and need not overlap on a slow
     # start-up even when the jobs do.
     assert _most_train_jobs_at_once(out.stdout + out.stderr) == 2
-    logs = "".join(p.read_text() for p in proj.glob("logs/train/conc/*/*.log"))
-    assert "Traceback" not in logs
+    logs = [p.read_text() for p in proj.glob("logs/train/laptop/conc/*/*.log")]
+    assert len(logs) == 4 and not any("Traceback" in log for log in logs)
 
 
 WRITER = """

@@ -4,8 +4,8 @@
 reports/<paper>/report.html, claims.json and runs.csv, from the runs of the configured scale
 (`scale` in the config: runs carry a `scale` tag); the index gathers every claims table and draws
 every paper's runs on the cross-paper charts. The rules depend on the runs' sentinels (never on
-mlflow.db, which every job changes) and on the benchmark results of the paper's speed claims (measured by the run where emulated links are available, or
-present in reports/bench/).
+mlflow.db, which every job changes) and on the benchmark results of the paper's speed claims
+(measured by the run where emulated links are available, or present in reports/bench/).
 """
 
 

@@ -28,7 +28,7 @@ rule run_config:
     output:
         config=f"{RUN_DIR}/config.yaml",
     log:
-        "logs/config/{paper}/{name}/seed{seed}.log",
+        f"logs/config/{SCALE}/{{paper}}/{{name}}/seed{{seed}}.log",
     wildcard_constraints:
         paper="|".join(config["papers"]),
         name=r"[^/]+",
@@ -57,9 +57,9 @@ rule train:
     output:
         sentinel=f"{RUN_DIR}/sentinel.json",
     log:
-        "logs/train/{paper}/{name}/seed{seed}.log",
+        f"logs/train/{SCALE}/{{paper}}/{{name}}/seed{{seed}}.log",
     benchmark:
-        "logs/benchmarks/train/{paper}/{name}/seed{seed}.tsv"
+        f"logs/benchmarks/train/{SCALE}/{{paper}}/{{name}}/seed{{seed}}.tsv"
     wildcard_constraints:
         paper="|".join(config["papers"]),
         name=r"[^/]+",
