@@ -189,8 +189,8 @@ if emulated.empty and "oktopk" in table and SPARSE:
     both = {verdict_dense, verdict_sparse}  # reproduced only against dense and sparse alike
     verdict = "reproduced" if both == {"reproduced"} else \
         "partly reproduced" if both & {"reproduced", "partly reproduced"} else "not reproduced"
-    scaling = load_bench("scaling", out_dir)
-    model = modelled_speedups(scaling, ["oktopk", *SPARSE], "100Mbit") if scaling else pd.DataFrame()
+    scaling_bench = load_bench("scaling", out_dir)
+    model = modelled_speedups(scaling_bench, ["oktopk", *SPARSE], "100Mbit") if scaling_bench else pd.DataFrame()
     model_note = ""
     if "oktopk" in model:
         over_best = model["oktopk"] / model[[m for m in SPARSE if m in model]].max(axis=1)
