@@ -57,3 +57,19 @@ def test_claims_say_how_many_seeds_stand_behind_their_means():
     assert Claim("c", "p", "a 1.0 ± 0.1 (n=3) vs b 2 ± 0 (n=2)", "reproduced").seeds == "n=2-3"
     assert Claim("c", "p", "no runs", "not measured", seeds="n=3").seeds == ""
     assert Claim("c", "p", "1.0", "reproduced", seeds="n=5").seeds == "n=5"
+
+
+def test_accuracy_match_needs_seeds_that_can_tell():
+    from commlab.report.claims import accuracy_match
+
+    # a small gap with a small spread: a match
+    assert accuracy_match([84.1, 83.2, 85.0], [84.0, 83.5, 84.4])[1] == "reproduced"
+    # a large gap hidden in a huge spread (ResNet-20 after 64 steps): never a match
+    text, verdict = accuracy_match([10.0, 60.0, 34.0], [65.0, 74.0, 70.0])
+    assert verdict == "not reproduced", text
+    # a gap of 1.5 points with a spread that cannot separate it from the margin: partly
+    assert accuracy_match([82.0, 83.5, 82.5], [84.0, 84.5, 84.0])[1] == "partly reproduced"
+    # noisy seeds, small gap: partly, and the text says why
+    text, verdict = accuracy_match([80.0, 86.0, 83.0], [82.0, 84.0, 83.3])
+    assert verdict == "partly reproduced" and "too noisy" in text
+    assert accuracy_match([], [84.0])[1] == "not measured"

@@ -67,6 +67,28 @@ def mean_sd(values) -> str:
     return f"{s.mean():.4g} ± {sd:.2g} (n={len(s)})"
 
 
+def accuracy_match(ours, reference, margin: float = 1.0) -> tuple[str, str]:
+    """(text, verdict) for "our accuracy is within ``margin`` points of the reference's".
+
+    The gap of the means is judged together with its standard error over seeds,
+    se = sqrt(sd_ours^2 / n_ours + sd_ref^2 / n_ref), so that a noisy comparison never passes for
+    a match: reproduced when |gap| <= margin and se <= margin (the seeds can tell); not reproduced
+    when even |gap| - 2 se > margin (outside the margin beyond the noise); partly reproduced
+    otherwise (the gap is near the margin, or the seeds are too noisy to tell: the text says which)."""
+    a, b = pd.Series(ours, dtype=float).dropna(), pd.Series(reference, dtype=float).dropna()
+    if a.empty or b.empty:
+        return "no runs", "not measured"
+    gap = a.mean() - b.mean()
+    var = (a.var(ddof=1) / len(a) if len(a) > 1 else 0.0) + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)
+    se = float(var) ** 0.5
+    text = f"gap {gap:+.2f} points, standard error {se:.2f} (margin {margin:g})"
+    if abs(gap) <= margin and se <= margin:
+        return text, "reproduced"
+    if abs(gap) - 2 * se > margin:
+        return text, "not reproduced"
+    return text + ("; too noisy over these seeds to tell" if se > margin else ""), "partly reproduced"
+
+
 def seeds_label(counts) -> str:
     """'n=3' when every mean has as many seeds, 'n=1-3' otherwise, '' without any."""
     counts = sorted(set(counts))
