@@ -73,3 +73,24 @@ def test_accuracy_match_needs_seeds_that_can_tell():
     text, verdict = accuracy_match([80.0, 86.0, 83.0], [82.0, 84.0, 83.3])
     assert verdict == "partly reproduced" and "too noisy" in text
     assert accuracy_match([], [84.0])[1] == "not measured"
+
+
+def test_time_on_the_emulated_link_uses_the_methods_measured_rate(tmp_path):
+    import json
+
+    import pandas as pd
+
+    from commlab.report.index import emulated_link_seconds
+
+    (tmp_path / "bench").mkdir()
+    summary = [{"network": "loopback", "method": "ssgd", "samples_per_s": 3000.0, "measured_link_mbit": None},
+               {"network": "1000Mbit", "method": "ssgd", "samples_per_s": 2000.0, "measured_link_mbit": 950.0},
+               {"network": "100Mbit", "method": "ssgd", "samples_per_s": 800.0, "measured_link_mbit": 96.0},
+               {"network": "100Mbit", "method": "oktopk", "samples_per_s": 1600.0, "measured_link_mbit": 96.0}]
+    (tmp_path / "bench" / "throughput.json").write_text(json.dumps({"model": "cnn", "workers": 4, "summary": summary}))
+    runs = pd.DataFrame({"method": ["ssgd", "oktopk", "oktopk", "kstep"], "model": ["cnn", "cnn", "mlp", "cnn"],
+                         "workers": [4, 4, 4, 4], "samples": [24000, 24000, 24000, 24000]})
+    seconds, link = emulated_link_seconds(runs, tmp_path)
+    assert link == "100Mbit"  # the slowest emulated link
+    assert seconds.iloc[0] == 30.0 and seconds.iloc[1] == 15.0
+    assert seconds.iloc[2:].isna().all()  # another model; a method the benchmark did not measure

@@ -96,6 +96,24 @@ def _png(fig) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def emulated_link_seconds(runs: pd.DataFrame, out: Path) -> tuple[pd.Series, str]:
+    """Per run, the seconds its samples take at the throughput its method measured on the slowest
+    emulated link of the throughput benchmark (``out/bench/throughput.json``), for runs with the
+    benchmark's model and worker count; NaN for the others. Also the link's name ('' without one)."""
+    path = out / "bench" / "throughput.json"
+    if runs.empty or not path.exists():
+        return pd.Series(float("nan"), index=runs.index), ""
+    bench = json.loads(path.read_text())
+    rates = [r for r in bench.get("summary", []) if r.get("measured_link_mbit") and r.get("samples_per_s")]
+    if not rates:
+        return pd.Series(float("nan"), index=runs.index), ""
+    slowest = min(rates, key=lambda r: r["measured_link_mbit"])["network"]
+    rate = {r["method"]: r["samples_per_s"] for r in rates if r["network"] == slowest}
+    same_setting = (runs.model.astype(str) == str(bench.get("model"))) & (runs.workers == bench.get("workers"))
+    per_run = runs.samples / runs.method.map(rate)
+    return per_run.where(same_setting), slowest
+
+
 def cross_paper_html(out: Path) -> str:
     """The two cross-paper charts as embedded PNGs (an explanation where no run has a result)."""
     runs = load_summaries(out)
@@ -106,17 +124,25 @@ def cross_paper_html(out: Path) -> str:
         return '<p id="cross-paper">No run with a final test accuracy yet.</p>'
     links = sorted(runs.link.unique())
     time_label = ("wall-clock time of the training loop (s; " + ", ".join(links) + ")")
-    charts = [("bytes", "bytes_sent", "data sent by one worker (MB, log scale)", 1e6),
-              ("time", "wall_seconds", time_label + ", log scale", 1.0)]
+    charts = [("bytes", runs, "bytes_sent", "data sent by one worker (MB, log scale)", 1e6),
+              ("time", runs, "wall_seconds", time_label + ", log scale", 1.0)]
+    seconds, link = emulated_link_seconds(runs, out)
+    if seconds.notna().any():
+        on_link = runs.assign(link_seconds=seconds, link=f"emulated {link}, benchmark rate")
+        charts.append(("link", on_link, "link_seconds", f"time of the run's samples at its method's throughput on "
+                       f"the emulated {link} link (s, log scale; reports/bench/throughput.json)", 1.0))
     parts = ['<div id="cross-paper">']
-    for key, column, label, scale in charts:
-        fig = cross_paper_figure(runs, column, label, scale)
+    for key, frame, column, label, scale in charts:
+        fig = cross_paper_figure(frame, column, label, scale)
         parts.append(f'<figure><img class="cross-paper-{key}" alt="final test accuracy against {html.escape(label)}" '
                      f'width="960" src="data:image/png;base64,{_png(fig)}"></figure>')
     parts.append("<p><small>Each point: one run variant of one paper, mean over its seeds. Papers train "
                  "different models on different subsets, so compare methods within a colour; across colours the "
                  "chart shows where each paper's methods sit. Time on loopback is measured on a shared machine "
-                 "where computation dominates; only emulated links speak to a network's speed.</small></p>")
+                 "where computation dominates; only emulated links speak to a network's speed: the last chart "
+                 "(when the throughput benchmark has run) divides each run's samples by the samples per second "
+                 "its method reached on the benchmark's slowest emulated link, for the runs with the "
+                 "benchmark's model and worker count.</small></p>")
     parts.append("</div>")
     return "\n".join(parts)
 
