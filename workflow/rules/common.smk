@@ -117,8 +117,12 @@ def run_dir(paper: str, name: str, seed) -> str:
     )
 
 
-RUN_DIR = run_dir("{paper}", "{name}", "{seed}")  # results/<scale>/{paper}/{name}/seed{seed}
-SCALE = config["scale"]  # in the runs' and their logs' paths: scales never overwrite each other
+RUN_DIR = run_dir(
+    "{paper}", "{name}", "{seed}"
+)  # results/<scale>/{paper}/{name}/seed{seed}
+SCALE = config[
+    "scale"
+]  # in the runs' and their logs' paths: scales never overwrite each other
 RESULTS = str(Path(RUN_DIR).parents[2])  # results/<scale>: the report's sentinels
 
 
