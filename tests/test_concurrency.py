@@ -85,7 +85,7 @@ def test_snakemake_grid_of_8_runs_loses_nothing(tmp_path):
     # start-up even when the jobs do.
     assert _most_train_jobs_at_once(out.stdout + out.stderr) == 2
     logs = [p.read_text() for p in proj.glob("logs/train/laptop/conc/*/*.log")]
-    assert len(logs) == 4 and not any("Traceback" in log for log in logs)
+    assert len(logs) == 8 and not any("Traceback" in log for log in logs)
 
 
 WRITER = """
