@@ -123,7 +123,9 @@ def test_powersgd_at_full_rank_applies_the_dense_mean():
         mean = [torch.stack([grads[r][i] for r in range(WORLD)]).mean(0) for i in range(len(grads[0]))]
         for applied, _, _ in runs:
             for ours, ref in zip(applied[step], mean, strict=True):
-                torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-4)
+                # float32 orthogonalisation of a full-rank 64-column factor: a few entries in 320
+                # drift by up to ~3e-4 from the exact mean (seen under load); a wrong update is off by O(0.1)
+                torch.testing.assert_close(ours, ref, rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("params,match", [({"rank": 0}, "rank"), ({"warmup_steps": -1}, "warmup_steps"),

@@ -51,8 +51,10 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
 FLUSH_EVERY_S = 60.0  # write buffered metrics at least this often, besides epoch ends
 RETRIES = 10  # attempts per store call on transient errors (about 40 s of backoff in all)
+# The last: two runs of one experiment logging the same dataset at once race between MLflow's
+# look-up and its insert; the retry finds the other run's row and links it.
 TRANSIENT = ("database is locked", "database is busy", "temporarily_unavailable", "unable to open database",
-             "connection reset", "connection refused", "timed out")
+             "connection reset", "connection refused", "timed out", "unique constraint failed: datasets.")
 
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # read by the MLflow 3 UI to choose the experiment's page
@@ -249,8 +251,12 @@ class RunTracker:
     def _log_dataset(self, name: str | None, digest: str | None, path) -> None:
         if not name or not digest or digest == "None":
             return
-        with_retries(self.client.log_inputs, self.run_id, datasets=[dataset_input(name, digest, path)],
-                     what="log dataset input")
+        try:
+            with_retries(self.client.log_inputs, self.run_id, datasets=[dataset_input(name, digest, path)],
+                         what="log dataset input")
+        except Exception as err:  # noqa: BLE001 - the data hash is a tag of the run already; train on
+            print(f"[commlab] could not log the dataset input {name} ({digest}) of run {self.run_id}: "
+                  f"{str(err).splitlines()[0][:160]}", file=sys.stderr, flush=True)
 
     def _reopen(self, run_id: str) -> bool:
         """Continue a checkpointed run: RUNNING again, and remember what is already stored."""
