@@ -127,7 +127,9 @@ def run_worker(argv: list[str]) -> None:
         raise SystemExit(rc)
 
 
-#: A worker's exit status for a bad config or damaged data, after its one-line message (loop.worker).
+#: A worker's exit status for a bad config or damaged data, after its one-line message (the
+#: ``return 2`` of commlab.loop.worker, which this module does not import: it would pull torch into
+#: the launcher before the workers' fork server starts).
 EXIT_BAD_INPUT = 2
 
 
@@ -164,8 +166,8 @@ def run_torchrun(args: list[str]) -> int:
     options.start_method = "forkserver"
     launch_config, _, _ = config_from_args(options)
     start_worker_server()
-    quiet = _QuietBadInput()
-    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(quiet)
+    agent_log, quiet = logging.getLogger("torch.distributed.elastic.multiprocessing.api"), _QuietBadInput()
+    agent_log.addFilter(quiet)
     try:
         elastic_launch(config=launch_config, entrypoint=run_worker)(list(options.training_script_args))
     except ChildFailedError as err:
@@ -182,5 +184,5 @@ def run_torchrun(args: list[str]) -> int:
               f"{128 + int(err.sigval)}", file=sys.stderr, flush=True)
         return 128 + int(err.sigval)
     finally:
-        logging.getLogger("torch.distributed.elastic.multiprocessing.api").removeFilter(quiet)
+        agent_log.removeFilter(quiet)
     return 0
