@@ -94,3 +94,16 @@ def test_time_on_the_emulated_link_uses_the_methods_measured_rate(tmp_path):
     assert link == "100Mbit"  # the slowest emulated link
     assert seconds.iloc[0] == 30.0 and seconds.iloc[1] == 15.0
     assert seconds.iloc[2:].isna().all()  # another model; a method the benchmark did not measure
+
+
+def test_cross_paper_charts_set_generated_data_aside_only_beside_real_data():
+    import pandas as pd
+
+    from commlab.report.index import real_data_runs
+
+    mixed = pd.DataFrame({"name": ["ssgd", "oktopk_p8"], "dataset": ["fashion_mnist", "synthetic"]})
+    kept, generated_only = real_data_runs(mixed)
+    assert list(kept.name) == ["ssgd"] and not generated_only
+    alone = pd.DataFrame({"name": ["ssgd", "ddp"], "dataset": ["synthetic", "synthetic"]})
+    kept, generated_only = real_data_runs(alone)
+    assert list(kept.name) == ["ssgd", "ddp"] and generated_only

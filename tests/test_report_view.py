@@ -121,3 +121,4 @@ def test_index_draws_every_method_on_the_cross_paper_charts(reports):
     runs = pd.read_csv(reports / "baseline" / "runs.csv")
     assert sorted(runs.name) == ["ddp", "ssgd"] and runs.test_accuracy.notna().all()
     assert "loopback" in page  # no emulated link: the time axis says what it measured
+    assert 'class="generated-data"' in page  # only generated data here: the page says what that means
