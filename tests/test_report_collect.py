@@ -73,6 +73,12 @@ def test_accuracy_match_needs_seeds_that_can_tell():
     text, verdict = accuracy_match([80.0, 86.0, 83.0], [82.0, 84.0, 83.3])
     assert verdict == "partly reproduced" and "too noisy" in text
     assert accuracy_match([], [84.0])[1] == "not measured"
+    # "similar or better": being far above the reference is a match, being far below is not
+    assert accuracy_match([88.0, 88.2, 87.9], [84.0, 84.1, 83.9], at_least=True)[1] == "reproduced"
+    assert accuracy_match([88.0, 88.2, 87.9], [84.0, 84.1, 83.9])[1] == "not reproduced"
+    assert accuracy_match([80.0, 80.2, 79.9], [84.0, 84.1, 83.9], at_least=True)[1] == "not reproduced"
+    text, verdict = accuracy_match([81.0, 86.0, 83.0], [84.0, 84.1, 83.9], at_least=True)
+    assert verdict == "partly reproduced" and "at most 1 below" in text
 
 
 def test_time_on_the_emulated_link_uses_the_methods_measured_rate(tmp_path):

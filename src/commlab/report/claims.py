@@ -67,24 +67,28 @@ def mean_sd(values) -> str:
     return f"{s.mean():.4g} ± {sd:.2g} (n={len(s)})"
 
 
-def accuracy_match(ours, reference, margin: float = 1.0) -> tuple[str, str]:
-    """(text, verdict) for "our accuracy is within ``margin`` points of the reference's".
+def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False) -> tuple[str, str]:
+    """(text, verdict) for "our accuracy is within ``margin`` points of the reference's", or with
+    ``at_least`` for "no more than ``margin`` points below it" (a claim of similar or better accuracy).
 
     The gap of the means is judged together with its standard error over seeds,
     se = sqrt(sd_ours^2 / n_ours + sd_ref^2 / n_ref), so that a noisy comparison never passes for
-    a match: reproduced when |gap| <= margin and se <= margin (the seeds can tell); not reproduced
-    when even |gap| - 2 se > margin (outside the margin beyond the noise); partly reproduced
-    otherwise (the gap is near the margin, or the seeds are too noisy to tell: the text says which)."""
+    a match: reproduced when the shortfall (|gap|, or -gap with ``at_least``) is <= margin and
+    se <= margin (the seeds can tell); not reproduced when even shortfall - 2 se > margin (outside
+    the margin beyond the noise); partly reproduced otherwise (the gap is near the margin, or the
+    seeds are too noisy to tell: the text says which)."""
     a, b = pd.Series(ours, dtype=float).dropna(), pd.Series(reference, dtype=float).dropna()
     if a.empty or b.empty:
         return "no runs", "not measured"
     gap = a.mean() - b.mean()
     var = (a.var(ddof=1) / len(a) if len(a) > 1 else 0.0) + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)
     se = float(var) ** 0.5
-    text = f"gap {gap:+.2f} points, standard error {se:.2f} (margin {margin:g})"
-    if abs(gap) <= margin and se <= margin:
+    shortfall = -gap if at_least else abs(gap)
+    text = f"gap {gap:+.2f} points, standard error {se:.2f} ({'at most' if at_least else 'margin'} {margin:g}" \
+        + (" below)" if at_least else ")")
+    if shortfall <= margin and se <= margin:
         return text, "reproduced"
-    if abs(gap) - 2 * se > margin:
+    if shortfall - 2 * se > margin:
         return text, "not reproduced"
     return text + ("; too noisy over these seeds to tell" if se > margin else ""), "partly reproduced"
 
