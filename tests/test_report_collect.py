@@ -77,6 +77,9 @@ def test_accuracy_match_needs_seeds_that_can_tell():
     assert accuracy_match([88.0, 88.2, 87.9], [84.0, 84.1, 83.9], at_least=True)[1] == "reproduced"
     assert accuracy_match([88.0, 88.2, 87.9], [84.0, 84.1, 83.9])[1] == "not reproduced"
     assert accuracy_match([80.0, 80.2, 79.9], [84.0, 84.1, 83.9], at_least=True)[1] == "not reproduced"
+    # a mean gap right at the margin is no match while the seeds leave it a standard error beyond
+    text, verdict = accuracy_match([80.6, 81.6, 80.9], [82.0, 82.1, 81.9], at_least=True)
+    assert verdict == "partly reproduced" and "within a standard error of the margin" in text
     text, verdict = accuracy_match([81.0, 86.0, 83.0], [84.0, 84.1, 83.9], at_least=True)
     assert verdict == "partly reproduced" and "at most 1 below" in text
 

@@ -72,11 +72,11 @@ def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False)
     ``at_least`` for "no more than ``margin`` points below it" (a claim of similar or better accuracy).
 
     The gap of the means is judged together with its standard error over seeds,
-    se = sqrt(sd_ours^2 / n_ours + sd_ref^2 / n_ref), so that a noisy comparison never passes for
-    a match: reproduced when the shortfall (|gap|, or -gap with ``at_least``) is <= margin and
-    se <= margin (the seeds can tell); not reproduced when even shortfall - 2 se > margin (outside
-    the margin beyond the noise); partly reproduced otherwise (the gap is near the margin, or the
-    seeds are too noisy to tell: the text says which)."""
+    se = sqrt(sd_ours^2 / n_ours + sd_ref^2 / n_ref), so that neither a noisy comparison nor a gap
+    at the edge passes for a match: reproduced when the shortfall (|gap|, or -gap with ``at_least``)
+    stays within the margin by one standard error, shortfall + se <= margin; not reproduced when
+    even shortfall - 2 se > margin (outside the margin beyond the noise); partly reproduced
+    otherwise (the gap is near the margin, or the seeds are too noisy to tell: the text says which)."""
     a, b = pd.Series(ours, dtype=float).dropna(), pd.Series(reference, dtype=float).dropna()
     if a.empty or b.empty:
         return "no runs", "not measured"
@@ -86,11 +86,12 @@ def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False)
     shortfall = -gap if at_least else abs(gap)
     text = f"gap {gap:+.2f} points, standard error {se:.2f} ({'at most' if at_least else 'margin'} {margin:g}" \
         + (" below)" if at_least else ")")
-    if shortfall <= margin and se <= margin:
+    if shortfall + se <= margin:
         return text, "reproduced"
     if shortfall - 2 * se > margin:
         return text, "not reproduced"
-    return text + ("; too noisy over these seeds to tell" if se > margin else ""), "partly reproduced"
+    why = "too noisy over these seeds to tell" if se > margin else "the gap is within a standard error of the margin"
+    return f"{text}; {why}", "partly reproduced"
 
 
 def seeds_label(counts) -> str:
