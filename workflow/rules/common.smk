@@ -117,12 +117,10 @@ def run_dir(paper: str, name: str, seed) -> str:
     )
 
 
-RUN_DIR = run_dir(
-    "{paper}", "{name}", "{seed}"
-)  # results/<scale>/{paper}/{name}/seed{seed}
-SCALE = config[
-    "scale"
-]  # in the runs' and their logs' paths: scales never overwrite each other
+# results/<scale>/{paper}/{name}/seed{seed}
+RUN_DIR = run_dir("{paper}", "{name}", "{seed}")
+# in the runs' and their logs' paths: scales never overwrite each other
+SCALE = config["scale"]
 RESULTS = str(Path(RUN_DIR).parents[2])  # results/<scale>: the report's sentinels
 
 

@@ -84,8 +84,8 @@ def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False)
     var = (a.var(ddof=1) / len(a) if len(a) > 1 else 0.0) + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)
     se = float(var) ** 0.5
     shortfall = -gap if at_least else abs(gap)
-    text = f"gap {gap:+.2f} points, standard error {se:.2f} ({'at most' if at_least else 'margin'} {margin:g}" \
-        + (" below)" if at_least else ")")
+    bound = f"at most {margin:g} below" if at_least else f"margin {margin:g}"
+    text = f"gap {gap:+.2f} points, standard error {se:.2f} ({bound})"
     if shortfall + se <= margin:
         return text, "reproduced"
     if shortfall - 2 * se > margin:
