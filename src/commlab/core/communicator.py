@@ -43,6 +43,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from commlab.core.control import collective_device
 from commlab.core.stats import CommStats
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -227,7 +228,7 @@ class Communicator:
 
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
         """Tell every rank how many rows it will receive from each other rank."""
-        device = self._count_device()
+        device = self.device
         counts = torch.tensor(send_counts, dtype=torch.int64, device=device)
         out = torch.empty_like(counts)
         t0 = time.perf_counter()
@@ -243,7 +244,7 @@ class Communicator:
     def all_gatherv(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Gather tensors whose dim 0 differs across ranks (zero rows allowed). Returns one
         tensor per rank, in rank order, each with that rank's rows."""
-        device = self._count_device()
+        device = self.device
         n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=device)
         sizes = self.all_gather(n).view(-1).tolist()
         self.stats.relabel_last("all_gatherv_counts")
@@ -255,9 +256,11 @@ class Communicator:
         self.stats.relabel_last("all_gatherv")
         return list(torch.split(out, sizes, dim=0))
 
-    def _count_device(self) -> torch.device:
-        return torch.device("cuda", torch.cuda.current_device()) \
-            if dist.get_backend(self.group) == "nccl" else torch.device("cpu")
+    @property
+    def device(self) -> torch.device:
+        """Where this group's small tensors (counts, sizes) live: the rank's CUDA device under
+        NCCL, the CPU under gloo (:func:`commlab.core.control.collective_device`)."""
+        return collective_device(self.group)
 
     # ------------------------------------------------------------------ point to point
     def send(self, tensor: torch.Tensor, dst: int) -> None:
