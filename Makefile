@@ -49,10 +49,10 @@ apt-test:
 # A SLURM cluster on this machine (controller + 2 nodes in namespaces, 198.19.0.0/24): docs/cluster.md.
 SLURM_DIR ?= /tmp/commlab-slurm
 slurm-up: .venv/.installed test-packages
-	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.launch.localslurm up --dir $(SLURM_DIR)
+	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.testing.localslurm up --dir $(SLURM_DIR)
 
 slurm-down:
-	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.launch.localslurm down --dir $(SLURM_DIR)
+	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.testing.localslurm down --dir $(SLURM_DIR)
 
 run: .venv/.installed system-packages
 	.venv/bin/snakemake --cores $(CORES) --profile workflow/profiles/default

@@ -1,5 +1,5 @@
 """Fixtures of the real-SLURM tests (tests/test_slurm_cluster.py): a local cluster
-(:mod:`commlab.launch.localslurm`), an MLflow tracking server on the login side of its network, and
+(:mod:`commlab.testing.localslurm`), an MLflow tracking server on the login side of its network, and
 Snakemake with the SLURM profile run against both in a scratch copy of the workflow."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from commlab.launch.localslurm import HOST_ADDR, ClusterError, LocalCluster, missing_tools
+from commlab.testing.localslurm import HOST_ADDR, ClusterError, LocalCluster, missing_tools
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "workflow" / "profiles" / "slurm"

@@ -18,28 +18,26 @@ from commlab.algorithms.adpsgd import (
     next_period,
 )
 from commlab.algorithms.averaging import average_and_probe
-from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
+from commlab.algorithms.base import parse_options
 from commlab.core import Communicator
 from commlab.core.communicator import ring_allreduce_cost
-from commlab.core.runtime import Runtime, rank_generator
+from commlab.core.runtime import rank_generator
 from commlab.models.small import TinyMLP
-from commlab.testing import run_distributed
+from commlab.testing import drive, run_distributed
 
 TRAIN = {"lr": 0.1, "optimizer": "sgd", "momentum": 0.9}
 
 
-def _make(cls, params, rank, world, seed, total_steps, model=None):
-    if model is None:
-        torch.manual_seed(seed)
-        model = TinyMLP(hidden=8)
-    comm = Communicator()
-    ctx = AlgoContext(Runtime(rank, world, rank, "gloo", torch.device("cpu")), TRAIN, seed, 10, total_steps)
-    algo = cls(model, comm, parse_options(cls.Options, params), ctx)
-    algo.optimizer = algo.build_optimizer()
-    algo.setup()
-    comm.stats.counters = dict.fromkeys(comm.stats.counters, 0)  # count training traffic only
-    comm.stats.drain()
-    return algo
+def _make(cls, params, rank, world, seed, total_steps, lr=None):
+    """The method on a TinyMLP seeded by ``seed``, set up as the loop does (no step taken yet), its
+    counters reset so that they count the training traffic only."""
+    torch.manual_seed(seed)
+    driven = drive(cls, params, model=TinyMLP(hidden=8), train=TRAIN, seed=seed, steps_per_epoch=10,
+                   total_steps=total_steps, lr=lr, batches=lambda step: _batch(rank, step, seed))
+    stats = driven.comm.stats
+    stats.counters = dict.fromkeys(stats.counters, 0)
+    stats.drain()
+    return driven
 
 
 def _batch(rank, step, seed):
@@ -107,14 +105,12 @@ def _cpsgd_vs_torch(rank, world, period, steps, seed):
     out = {}
     for first, warmup in ((False, period - 1), (True, 0)):
         algo = _make(CPSGD, {"period": period, "sync_at_first_step": first, "final_average": False},
-                     rank, world, seed, total_steps=10_000)
+                     rank, world, seed, total_steps=10_000).run(steps).algo
         torch.manual_seed(seed)
         ref = TinyMLP(hidden=8)
         ref_opt = torch.optim.SGD(ref.parameters(), lr=TRAIN["lr"], momentum=TRAIN["momentum"])
         averager = PeriodicModelAverager(period=period, warmup_steps=warmup)
-        for step in range(steps):
-            _train_step(algo.model, algo.optimizer, rank, step, seed)
-            algo.after_step(StepInfo(step, 0, TRAIN["lr"]))
+        for step in range(steps):  # the reference: torch's averager after each plain SGD step
             _train_step(ref, ref_opt, rank, step, seed)
             averager.average_parameters(ref.parameters())
         out[first] = ([p.detach().clone() for p in algo.model.parameters()],
@@ -248,17 +244,10 @@ def _adpsgd_runs(rank, world, steps):
     out = []
     for seed in (5, 5, 6):
         algo = _make(ADPSGD, {"initial_period": 1, "calibration_syncs": 2, "budget_period": 3},
-                     rank, world, seed, total_steps=steps)
-        seen = []
-        for step in range(steps):
-            lr = 0.1 if step < steps // 2 else 0.01
-            for group in algo.optimizer.param_groups:
-                group["lr"] = lr
-            _train_step(algo.model, algo.optimizer, rank, step, seed)
-            algo.after_step(StepInfo(step, 0, lr))
-            seen.append(algo.metrics())
+                     rank, world, seed, total_steps=steps, lr=lambda step: 0.1 if step < steps // 2 else 0.01
+                     ).run(steps).algo
         out.append((list(algo.schedule.history), algo.comm.stats.totals()["reductions_global"],
-                    seen[-1], algo.state_dict()))
+                    algo.metrics(), algo.state_dict()))
     return out
 
 

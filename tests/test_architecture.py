@@ -5,7 +5,11 @@ also those inside functions.
 * ``core`` imports nothing of commlab above it;
 * ``compress`` and ``algorithms`` never import the loop, tracking, launching, the CLI, reports or
   benchmarks;
-* the config (and the generic options parser) do not import the methods.
+* the config (and the generic options parser) do not import the methods;
+* no method imports torch.distributed (counted traffic goes through the Communicator, the rest
+  through the context's control channel);
+* nothing outside ``core`` reaches a private member of a Communicator (``comm._...``);
+* no production module imports the test kit (``commlab.testing``).
 """
 
 from __future__ import annotations
@@ -116,3 +120,65 @@ def test_methods_and_compressors_never_import_the_layers_above():
 def test_config_does_not_import_the_methods():
     below = ("commlab.config", "commlab.options", "commlab.registry", "commlab.grid")
     assert _violations(below, ("commlab.algorithms", "commlab.compress", "commlab.loop")) == []
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def distributed_uses(tree: ast.AST) -> list[str]:
+    """Where ``tree`` imports torch.distributed or reaches it as ``torch.distributed`` (line: what)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [f"{node.lineno}: import {a.name}" for a in node.names if _inside(a.name, "torch.distributed")]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if _inside(node.module, "torch.distributed") or (
+                    node.module == "torch" and any(a.name == "distributed" for a in node.names)):
+                found.append(f"{node.lineno}: from {node.module} import ...")
+        elif (isinstance(node, ast.Attribute) and node.attr == "distributed" and isinstance(node.value, ast.Name)
+              and node.value.id == "torch"):
+            found.append(f"{node.lineno}: torch.distributed")
+    return sorted(found, key=lambda line: int(line.split(":")[0]))
+
+
+def private_comm_members(tree: ast.AST) -> list[str]:
+    """Where ``tree`` reads a private member (``_name``, not ``__dunder__``) of an object named
+    like a communicator (``comm``, ``self.comm``, ``group_comm``, ...): line: member."""
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        owner = node.value
+        name = owner.id if isinstance(owner, ast.Name) else owner.attr if isinstance(owner, ast.Attribute) else ""
+        if name.lower().endswith("comm"):
+            found.append(f"{node.lineno}: {name}.{node.attr}")
+    return sorted(found, key=lambda line: int(line.split(":")[0]))
+
+
+def test_the_checkers_see_what_they_must():
+    sample = ast.parse("import torch.distributed as dist\nfrom torch import distributed\n"
+                       "from torch.distributed import ReduceOp\nx = torch.distributed.get_rank()\n"
+                       "import torch.nn\nfrom torch.nn.parallel import DistributedDataParallel\n")
+    assert [line.split(":")[0] for line in distributed_uses(sample)] == ["1", "2", "3", "4"]
+    sample = ast.parse("self.comm._count_device()\ncomm._global_ranks\nself.group_comm._record(1)\n"
+                       "self._comm.all_reduce(x)\ncomm.__class__\nself.comm.device\n")
+    assert private_comm_members(sample) == ["1: comm._count_device", "2: comm._global_ranks",
+                                            "3: group_comm._record"]
+
+
+def test_methods_never_import_torch_distributed():
+    uses = {name: distributed_uses(ast.parse(path.read_text())) for name, path in MODULES.items()
+            if _inside(name, "commlab.algorithms")}
+    assert {name: found for name, found in uses.items() if found} == {}
+
+
+def test_nothing_outside_core_reaches_a_private_communicator_member():
+    files = [p for name, p in MODULES.items() if not _inside(name, "commlab.core")] + sorted(TESTS.glob("*.py"))
+    found = {str(p): private_comm_members(ast.parse(p.read_text())) for p in files}
+    assert {path: members for path, members in found.items() if members} == {}
+
+
+def test_production_code_never_imports_the_test_kit():
+    found = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if not _inside(m, "commlab.testing")
+                   for t in targets if _inside(t, "commlab.testing"))
+    assert found == []

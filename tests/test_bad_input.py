@@ -62,9 +62,13 @@ def test_bad_density(tmp_path, capsys):
 
 
 @pytest.mark.skipif("kstep" not in ALGORITHMS, reason="kstep not registered")
-def test_k_zero(tmp_path, capsys):
+def test_period_zero(tmp_path, capsys):
     cfg = _base(tmp_path, method="kstep")
-    _fails(capsys, ["train", "--config", str(cfg), "method_params.k=0"], "method_params", "k must be >= 1, got 0")
+    _fails(capsys, ["train", "--config", str(cfg), "method_params.period=0"], "method_params",
+           "period must be >= 1, got 0")
+    # the paper's name, an alias, is named as such
+    _fails(capsys, ["train", "--config", str(cfg), "method_params.k=0"], "method_params",
+           "period must be >= 1, got 0 (k is an alias of period)")
 
 
 def test_bad_option_and_value(tmp_path, capsys):

@@ -2,6 +2,7 @@
 torch's PeriodicModelAverager / HierarchicalModelAverager on the same seed and data, a closed-form
 reduction-momentum trajectory on a toy quadratic, exact reduction counts, and the state policies."""
 
+import os
 from collections import OrderedDict
 
 import pytest
@@ -15,11 +16,10 @@ from torch.distributed.algorithms.model_averaging.hierarchical_model_averager im
 )
 
 from commlab.algorithms.averaging import is_due
-from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
-from commlab.core import CommStats, Communicator, init_runtime
-from commlab.optim import build_optimizer
+from commlab.algorithms.base import parse_options
+from commlab.loop.optim import build_optimizer, optimizer_settings
 from commlab.registry import ALGORITHMS
-from commlab.testing import run_distributed
+from commlab.testing import drive, run_distributed
 
 WORLD = 4
 
@@ -36,24 +36,11 @@ def _batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _ours(method: str, params: dict, train: dict, steps: int, group_size: int = 2):
-    """Drive a model through our Algorithm hooks, as train.py does; return (model, algo)."""
-    model = _net()
-    comm = Communicator(stats=CommStats())
-    ctx = AlgoContext(init_runtime("gloo"), train, seed=0, steps_per_epoch=steps, total_steps=steps,
-                      extras={"workers_per_node": group_size})
-    cls = ALGORITHMS.get(method)
-    algo = cls(model, comm, parse_options(cls.Options, params), ctx)
-    opt = algo.optimizer = algo.build_optimizer()
-    algo.setup()
+    """Drive a model through our method's hooks, as the training loop does; return (model, algo)."""
     rank = dist.get_rank()
-    for s in range(steps):
-        x, y = _batch(rank, s)
-        opt.zero_grad()
-        F.cross_entropy(algo.forward_model(x), y).backward()
-        algo.after_backward(StepInfo(s, 0, train["lr"]))
-        opt.step()
-        algo.after_step(StepInfo(s, 0, train["lr"]))
-    return model, algo
+    driven = drive(method, params, model=_net(), steps=steps, train=train, workers_per_node=group_size,
+                   batches=lambda s: _batch(rank, s))
+    return driven.model, driven.algo
 
 
 def _flat(model: nn.Module) -> torch.Tensor:
@@ -64,7 +51,7 @@ def _torch_run(averager, train: dict, steps: int, warmup: int = 0) -> torch.Tens
     """The same model, optimizer and batches through torch's averager; during ``warmup`` the
     gradients are allreduced every step (what DDP with the post-local-SGD hook does)."""
     model = _net()
-    opt = build_optimizer(model.parameters(), train)
+    opt = build_optimizer(model.parameters(), optimizer_settings(train))
     rank, world = dist.get_rank(), dist.get_world_size()
     for s in range(steps):
         x, y = _batch(rank, s)
@@ -80,7 +67,7 @@ def _torch_run(averager, train: dict, steps: int, warmup: int = 0) -> torch.Tens
 
 
 MSGD = {"optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "batch_size": 5}
-NO_FINAL = {"final_reduction": False}  # torch's averagers do not reduce after the last step
+NO_FINAL = {"final_average": False}  # torch's averagers do not reduce after the last step
 ADAM = {"optimizer": "adam", "lr": 0.01, "batch_size": 5}
 
 
@@ -89,7 +76,8 @@ def _everything(rank, world, out_dir):
     The end-to-end run goes last: train() tears the process group down when it ends."""
     return {"periodic": _periodic_parity(rank, world), "hier": _hier_parity(rank, world),
             "counts": _counts(rank, world), "toys": _toys(rank, world),
-            "policies": _all_policies(rank, world), "train": _train_end_to_end(rank, world, out_dir)}
+            "policies": _all_policies(rank, world), "schedule_params": _schedule_params(rank, world),
+            "train": _train_end_to_end(rank, world, out_dir)}
 
 
 @pytest.fixture(scope="module")
@@ -101,11 +89,11 @@ def _periodic_parity(rank, world):
     out = {}
     # phase "first" is torch's convention; warm-up = DDP-style synchronous steps in both.
     for name, train, k, warmup in (("msgd", MSGD, 4, 3), ("adam", ADAM, 3, 0)):
-        ours, _ = _ours("kstep", {"k": k, "phase": "first", "warmup_steps": warmup, **NO_FINAL}, train, 14)
+        ours, _ = _ours("kstep", {"period": k, "phase": "first", "warmup_steps": warmup, **NO_FINAL}, train, 14)
         ref = _torch_run(PeriodicModelAverager(period=k, warmup_steps=warmup), train, 14, warmup)
         out[name] = (_flat(ours), ref)
     # phase "last" (K local steps, then a reduction) = torch's averager whose warm-up is K-1 local steps.
-    ours, _ = _ours("kstep", {"k": 4, "phase": "last", **NO_FINAL}, MSGD, 14)
+    ours, _ = _ours("kstep", {"period": 4, "phase": "last", **NO_FINAL}, MSGD, 14)
     out["last"] = (_flat(ours), _torch_run(PeriodicModelAverager(period=4, warmup_steps=3), MSGD, 14))
     return out
 
@@ -124,7 +112,7 @@ def _hier_parity(rank, world):
     out = {}
     periods = OrderedDict([(2, 2), (6, world)])  # local groups of 2 every 2 steps, world every 6
     for phase, start in (("first", 0), ("last", 1)):
-        ours, algo = _ours("kstep_hier", {"group_size": 2, "k_local": 2, "k_global": 6, "phase": phase,
+        ours, algo = _ours("kstep_hier", {"group_size": 2, "local_period": 2, "period": 6, "phase": phase,
                                           **NO_FINAL}, MSGD, 15)
         averager = HierarchicalModelAverager(periods)
         averager.step = start  # phase "last": torch's counter one step ahead
@@ -156,18 +144,18 @@ def _counts(rank, world):
     # kstep_hier: 20 steps, 3 warm-up steps (3 global reductions), then 17 local steps (t = 0..16),
     # K_l=2, K_g=6, phase last: global after t = 5, 11 -> 2, and the final one after the last
     # step (t = 16, not due) -> 1; local after t = 1, 3, 7, 9, 13, 15 -> 6.
-    _, algo = _ours("kstep_hier", {"group_size": 2, "k_local": 2, "k_global": 6, "warmup_steps": 3},
+    _, algo = _ours("kstep_hier", {"group_size": 2, "local_period": 2, "period": 6, "warmup_steps": 3},
                     MSGD, 20)
     out["hier"] = algo.comm.stats.totals()
     out["hier_metric"] = algo.metrics()
     # kstep: 20 steps, K=8, phase last: global after steps 7, 15 and the final one after 19 -> 3.
-    model, algo = _ours("kstep", {"k": 8}, MSGD, 20)
+    model, algo = _ours("kstep", {"period": 8}, MSGD, 20)
     out["kstep"], out["kstep_model"] = algo.comm.stats.totals(), _flat(model)
     # the same without the final reduction -> 2
-    _, algo = _ours("kstep", {"k": 8, **NO_FINAL}, MSGD, 20)
+    _, algo = _ours("kstep", {"period": 8, **NO_FINAL}, MSGD, 20)
     out["kstep_no_final"] = algo.comm.stats.totals()
     # group_size 4 = the world: local reductions are global (counted as such).
-    _, algo = _ours("kstep_hier", {"group_size": 4, "k_local": 2, "k_global": 6}, MSGD, 12)
+    _, algo = _ours("kstep_hier", {"group_size": 4, "local_period": 2, "period": 6}, MSGD, 12)
     out["world_group"] = algo.comm.stats.totals()
     return out
 
@@ -207,34 +195,28 @@ class _Point(nn.Module):
 
 
 def _toy_momentum(rank, world, params, steps, lr, split=None):
-    """Worker r minimises 0.5 * ||x - c_r||^2 (gradient x - c_r, set by hand) through the hooks.
+    """Worker r minimises 0.5 * ||x - c_r||^2 (gradient x - c_r, given) through the hooks.
     With ``split`` the run stops after that many steps and goes on in a fresh model and algorithm
-    restored from the saved state, as train.py resumes from a checkpoint."""
+    restored from the saved state, as the loop resumes from a checkpoint."""
     params = dict(params)
-    cls = ALGORITHMS.get(params.pop("method"))
-    options = parse_options(cls.Options, params)
+    method = params.pop("method")
     train = {"optimizer": "sgd", "lr": lr, "momentum": 0.0, "batch_size": 1}
-    ctx = AlgoContext(init_runtime("gloo"), train, 0, steps, steps, extras={"workers_per_node": 2})
 
-    def build():
+    def start(model):
+        return drive(method, params, model=model, total_steps=steps, train=train, workers_per_node=2,
+                     grads=lambda s: [model.x.detach() - C[rank]])
+
+    model = _Point(X0)
+    driven = start(model).run(steps if split is None else split)
+    if split is not None:
+        x, state = model.x.detach().clone(), driven.algo.state_dict()
         model = _Point(X0)
-        algo = cls(model, Communicator(stats=CommStats()), options, ctx)
-        opt = algo.optimizer = algo.build_optimizer()
-        algo.setup()
-        return model, algo, opt
-
-    model, algo, opt = build()
-    for s in range(steps):
-        if s == split:
-            x, state = model.x.detach().clone(), algo.state_dict()
-            model, algo, opt = build()
-            with torch.no_grad():
-                model.x.copy_(x)  # this rank's replica (setup broadcast rank 0's)
-            algo.load_state_dict(state)
-        opt.zero_grad()
-        model.x.grad = model.x.detach() - C[rank]
-        opt.step()
-        algo.after_step(StepInfo(s, 0, lr))
+        driven = start(model)
+        with torch.no_grad():
+            model.x.copy_(x)  # this rank's replica (setup broadcast rank 0's)
+        driven.algo.load_state_dict(state)
+        driven.next_step = split
+        driven.run(steps - split)
     return model.x.detach().clone()
 
 
@@ -244,13 +226,13 @@ HIER_MU, HIER_LR = 0.6, 0.2
 
 def _toys(rank, world):
     return {
-        "plain": _toy_momentum(rank, world, {"method": "kstep", "k": K, "momentum": MU}, K * BLOCKS, LR),
-        "nesterov": _toy_momentum(rank, world, {"method": "kstep", "k": K, "momentum": MU, "nesterov": True},
+        "plain": _toy_momentum(rank, world, {"method": "kstep", "period": K, "momentum": MU}, K * BLOCKS, LR),
+        "nesterov": _toy_momentum(rank, world, {"method": "kstep", "period": K, "momentum": MU, "nesterov": True},
                                   K * BLOCKS, LR),
-        "hier": _toy_momentum(rank, world, {"method": "kstep_hier", "group_size": 2, "k_local": 1,
-                                            "k_global": 2, "momentum": HIER_MU}, 6, HIER_LR),
+        "hier": _toy_momentum(rank, world, {"method": "kstep_hier", "group_size": 2, "local_period": 1,
+                                            "period": 2, "momentum": HIER_MU}, 6, HIER_LR),
         # stopped after step 4 (mid-period, velocity non-zero) and resumed from the saved state
-        "resumed": _toy_momentum(rank, world, {"method": "kstep", "k": K, "momentum": MU, "nesterov": True},
+        "resumed": _toy_momentum(rank, world, {"method": "kstep", "period": K, "momentum": MU, "nesterov": True},
                                  K * BLOCKS, LR, split=4),
     }
 
@@ -299,29 +281,18 @@ def test_hier_momentum_acts_on_global_reductions_only(runs):
 
 def _policies(rank, world, buffers, opt_state):
     model = _net(bn=True)
-    train = dict(MSGD)
-    comm = Communicator(stats=CommStats())
-    ctx = AlgoContext(init_runtime("gloo"), train, 0, 4, 4)
-    cls = ALGORITHMS.get("kstep")
-    algo = cls(model, comm, parse_options(cls.Options, {
-        "k": 2, "buffers": buffers, "average_optimizer_state": opt_state, "evaluate": "average"}), ctx)
-    opt = algo.optimizer = algo.build_optimizer()
-    algo.setup()
-    before = after = None
-    for s in range(3):
-        x, y = _batch(rank, s)
-        opt.zero_grad()
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-        if s == 1:  # the step that ends the period: record the replicas just before the reduction
-            before = (_flat(model), model[1].running_mean.clone(),
-                      opt.state[model[0].weight]["momentum_buffer"].clone())
-        algo.after_step(StepInfo(s, 0, train["lr"]))
-        if s == 1:
-            after = (_flat(model), model[1].running_mean.clone(),
-                     opt.state[model[0].weight]["momentum_buffer"].clone())
+    seen = {}
+
+    def watch(point, driven, info):
+        # step 1 ends the period: the replicas just before the reduction ("stepped") and after it
+        if info.step == 1 and point in ("stepped", "done"):
+            seen[point] = (_flat(model), model[1].running_mean.clone(),
+                           driven.optimizer.state[model[0].weight]["momentum_buffer"].clone())
+
+    driven = drive("kstep", {"period": 2, "buffers": buffers, "optimizer_state": opt_state, "evaluate": "average"},
+                   model=model, steps=3, total_steps=4, train=MSGD, batches=lambda s: _batch(rank, s), watch=watch)
     # after step 2 (a local step) the replicas differ; evaluate=average scores their mean
-    return before, after, _flat(model), _flat(algo.eval_model)
+    return seen["stepped"], seen["done"], _flat(model), _flat(driven.algo.eval_model)
 
 
 POLICY_CASES = [("average", "average"), ("keep_local", "keep_local")]
@@ -356,7 +327,7 @@ def _train_end_to_end(rank, world, out_dir):
         "method=kstep_hier", "dataset=synthetic", "model=mlp", f"workers={world}", "backend=gloo",
         "tracking.enabled=false", f"output_dir={out_dir}", "train.epochs=2", "train.batch_size=16",
         "train.train_subset=640", "train.test_subset=200", "train.log_every=2",
-        "method_params={group_size: 2, k_local: 2, k_global: 6, momentum: 0.5}"])
+        "method_params={group_size: 2, k_local: 2, k_global: 6, momentum: 0.5}"])  # the paper's names: aliases
     return train(config)
 
 
@@ -372,15 +343,94 @@ def test_training_loop_end_to_end(runs):
 
 
 @pytest.mark.parametrize("method,params,match", [
-    ("kstep", {"k": 0}, "k must be"),
+    ("kstep", {"period": 0}, "period must be >= 1, got 0$"),
+    ("kstep", {"k": 0}, r"period must be >= 1, got 0 \(k is an alias of period\)"),
     ("kstep", {"momentum": 1.0}, "momentum must be"),
     ("kstep", {"phase": "middle"}, "phase must be"),
     ("kstep", {"buffers": "drop"}, "buffers must be"),
-    ("kstep", {"average_optimizer_state": "x"}, "average_optimizer_state must be"),
+    ("kstep", {"optimizer_state": "x"}, "optimizer_state must be"),
+    ("kstep", {"average_optimizer_state": "x"},
+     r"optimizer_state must be .* \(average_optimizer_state is an alias of optimizer_state\)"),
     ("kstep", {"nesterov": True}, "nesterov"),
-    ("kstep_hier", {"k_local": 4, "k_global": 6}, "multiple of k_local"),
+    ("kstep", {"k": 4, "period": 8}, "k is an alias of period: give one of them, not both"),
+    ("kstep", {"final_reduction": False, "final_average": True}, "final_reduction is an alias of final_average"),
+    ("kstep_hier", {"local_period": 4, "period": 6}, "multiple of local_period"),
+    ("kstep_hier", {"k_local": 4, "k_global": 6}, r"multiple of local_period=4, got 6 \(k_local is an alias"),
     ("kstep_hier", {"group_size": -1}, "group_size"),
+    ("cpsgd", {"average_buffers": "yes"}, r"average_buffers: expected one of \[True, False\], got 'yes'"),
+    ("adpsgd", {"average_momentum": True, "optimizer_state": "keep_local"}, "alias of optimizer_state"),
 ])
 def test_options_are_validated(method, params, match):
     with pytest.raises(ValueError, match=match):
         parse_options(ALGORITHMS.get(method).Options, params)
+
+
+@pytest.mark.parametrize("method,paper,family", [
+    ("kstep", {"k": 8, "final_reduction": False, "average_optimizer_state": "average"},
+     {"period": 8, "final_average": False, "optimizer_state": "average"}),
+    ("kstep_hier", {"k_local": 2, "k_global": 8}, {"local_period": 2, "period": 8}),
+    ("cpsgd", {"average_buffers": False, "average_momentum": True},
+     {"buffers": "keep_local", "optimizer_state": "average"}),
+    ("adpsgd", {"average_buffers": False, "average_momentum": True, "initial_period": 4},
+     {"buffers": "keep_local", "optimizer_state": "average", "initial_period": 4}),
+])
+def test_paper_names_are_aliases_of_the_family_names(method, paper, family):
+    options = ALGORITHMS.get(method).Options
+    assert parse_options(options, paper) == parse_options(options, family)
+    assert parse_options(options, paper) != parse_options(options, {})  # the aliases changed something
+
+
+def _schedule_params(rank, world):
+    """The params every periodic-family run logs (no step taken: they come from the options)."""
+    out = {}
+    for method, params in (("kstep", {"k": 8}), ("kstep_hier", {"k_local": 2, "k_global": 8, "group_size": 2}),
+                           ("cpsgd", {"period": 4}), ("adpsgd", {"initial_period": 3})):
+        out[method] = drive(method, params, model=_net(), steps=0, total_steps=16, train=MSGD,
+                            batches=lambda s: _batch(rank, s)).algo.run_params()
+    out["ssgd"] = drive("ssgd", None, model=_net(), steps=0, train=MSGD,
+                        batches=lambda s: _batch(rank, s)).algo.run_params()
+    return out
+
+
+def test_periodic_family_logs_its_normalised_schedule(runs):
+    for out in runs:
+        params = out["schedule_params"]
+        assert params["kstep"] == {"schedule.kind": "fixed", "schedule.period": 8, "schedule.local_period": 8}
+        assert params["kstep_hier"] == {"schedule.kind": "fixed", "schedule.period": 8, "schedule.local_period": 2}
+        assert params["cpsgd"] == {"schedule.kind": "fixed", "schedule.period": 4, "schedule.local_period": 4}
+        assert params["adpsgd"] == {"schedule.kind": "adaptive", "schedule.period": 3, "schedule.local_period": 3}
+        assert params["ssgd"] == {}
+
+
+@pytest.mark.slow
+def test_a_periodic_run_logs_its_schedule_as_mlflow_params(tmp_path, monkeypatch):
+    """A real run of the loop (one worker, generated data) given the paper's names logs the family's
+    names: the options under method_params.*, the normalised schedule under schedule.*."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    from commlab.testing.jobs import write_config
+    from commlab.tracking import ensure_experiments
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    ensure_experiments(["schedcheck"], uri)
+    cfg = write_config(tmp_path / "run.yaml", paper="schedcheck", method="kstep_hier", seed=1, workers=1,
+                       model="mlp", dataset="synthetic", output_dir=str(tmp_path / "out"),
+                       tracking={"uri": uri, "experiment": "schedcheck"},
+                       method_params={"k_local": 2, "k_global": 4, "final_reduction": False},
+                       train={"epochs": 1, "max_steps": 4, "log_every": 2, "batch_size": 16, "train_subset": 256})
+    done = subprocess.run([sys.executable, "-m", "commlab", "train", "--config", str(cfg)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("schedcheck").experiment_id])
+    params = run.data.params
+    assert (params["schedule.kind"], params["schedule.period"], params["schedule.local_period"]) == ("fixed", "4", "2")
+    assert (params["method_params.period"], params["method_params.local_period"]) == ("4", "2")
+    assert params["method_params.final_average"] == "False"
+    assert not {"method_params.k_global", "method_params.k_local", "method_params.final_reduction"} & set(params)

@@ -13,15 +13,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
 from commlab.algorithms.gtopk import merge_topk
 from commlab.algorithms.tensors import flat_grads
 from commlab.config import load_config
 from commlab.core.communicator import Communicator
-from commlab.core.runtime import Runtime
 from commlab.grid import resolve_grid
-from commlab.registry import ALGORITHMS
-from commlab.testing import run_distributed
+from commlab.testing import Driven, drive, run_distributed
 
 WORLDS = (2, 3, 4, 8)
 STEPS = 10
@@ -55,13 +52,13 @@ def make_model() -> nn.Module:
     return nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 5)).double()
 
 
-def make_algo(method: str, params: dict, comm: Communicator):
-    cls = ALGORITHMS.get(method)
-    rt = Runtime(comm.rank, comm.size, comm.rank, "gloo", torch.device("cpu"))
-    ctx = AlgoContext(rt, {"lr": 0.1}, seed=0, steps_per_epoch=STEPS, total_steps=STEPS)
-    algo = cls(make_model(), comm, parse_options(cls.Options, params), ctx)
-    algo.setup()
-    return algo
+def make_algo(method: str, params: dict, comm: Communicator) -> Driven:
+    """The method over ``comm``'s ranks, built as the loop builds it; its steps take this rank's
+    gradients :func:`grad`."""
+    model = make_model()
+    n = sum(p.numel() for p in model.parameters())
+    return drive(method, params, model=model, comm=comm, train={"lr": 0.1}, steps_per_epoch=STEPS,
+                 total_steps=STEPS, grads=lambda step: grad(comm.rank, step, n))
 
 
 def grad(rank: int, step: int, n: int) -> torch.Tensor:
@@ -71,57 +68,51 @@ def grad(rank: int, step: int, n: int) -> torch.Tensor:
     return x * (torch.rand(n, generator=g) > 0.1)
 
 
-def set_grads(model: nn.Module, flat: torch.Tensor) -> None:
-    offset = 0
-    for p in model.parameters():
-        p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
-        offset += p.numel()
-
-
-def run_steps(algo, rank: int, steps: int, start: int = 0) -> list[torch.Tensor]:
-    params = list(algo.model.parameters())
-    n = sum(p.numel() for p in params)
+def run_steps(driven: Driven, steps: int, start: int | None = None) -> list[torch.Tensor]:
+    """The update each of the next ``steps`` steps applied (from step ``start`` if given): the
+    synchronised gradient the optimizer stepped with."""
+    if start is not None:
+        driven.next_step = start
+    params = list(driven.model.parameters())
     updates = []
-    for step in range(start, start + steps):
-        set_grads(algo.model, grad(rank, step, n))
-        algo.after_backward(StepInfo(step, 0, 0.1))
+    for _ in range(steps):
+        driven.run(1)
         updates.append(flat_grads(params).clone())
     return updates
 
 
 def checks_on(comm: Communicator) -> dict:
-    rank, size = comm.rank, comm.size
+    size = comm.size
     out: dict = {"residual": {}}
 
     # Density 1: the same update as dense SSGD (and as the plain average), every step.
     ok = make_algo("oktopk", {"density": 1.0, "warmup_steps": 0, "local_recompute_every": 2,
                               "global_recompute_every": 3, "repartition_every": 2, "probe_every": 1}, comm)
     ssgd = make_algo("ssgd", {}, comm)
-    n = ok.n
+    n = ok.algo.n
     errs = []
-    for step, update in enumerate(run_steps(ok, rank, 6)):
-        dense = run_steps(ssgd, rank, 1, start=step)[0]
+    for step, update in enumerate(run_steps(ok, 6)):
+        dense = run_steps(ssgd, 1, start=step)[0]
         mean = sum(grad(r, step, n) for r in range(size)) / size
         errs.append(max(float((update - dense).abs().max()), float((update - mean).abs().max())))
     out["density1_err"] = max(errs)
-    out["density1_residual"] = float(ok.memory.residual.abs().max())
-    out["density1_probe"] = ok.metrics()["probe_error"]   # top-k(dense average) with k = n: the average
+    out["density1_residual"] = float(ok.algo.memory.residual.abs().max())
+    out["density1_probe"] = ok.algo.metrics()["probe_error"]   # top-k(dense average) with k = n: the average
 
     # Residuals: per rank, updates applied + residual account for every gradient.
     for case, (method, params) in RESIDUAL_CASES.items():
-        algo = make_algo(method, params, comm)
-        updates = run_steps(algo, rank, STEPS)
-        out["residual"][case] = {"update_sum": sum(updates), "residual": algo.memory.residual.clone(),
-                                 "metrics": algo.metrics()}
+        driven = make_algo(method, params, comm)
+        updates = run_steps(driven, STEPS)
+        out["residual"][case] = {"update_sum": sum(updates), "residual": driven.algo.memory.residual.clone(),
+                                 "metrics": driven.algo.metrics()}
 
     # TopkA moves exactly 2k(P-1) elements per sparse step.
-    topka = make_algo("topk_allgather", {"density": 0.05, "warmup_steps": 0}, comm)
-    run_steps(topka, rank, 3)
+    topka = make_algo("topk_allgather", {"density": 0.05, "warmup_steps": 0}, comm).run(3).algo
     out["topka_volume"] = (topka.metrics()["volume"], 2 * topka.k * (size - 1))
 
     # gTop-k (release residuals): rank 0's tree result equals a brute-force simulation.
-    gt = make_algo("gtopk", {"density": 0.1, "warmup_steps": 0}, comm)
-    update = run_steps(gt, rank, 1)[0]
+    gt_driven = make_algo("gtopk", {"density": 0.1, "warmup_steps": 0}, comm)
+    update, gt = run_steps(gt_driven, 1)[0], gt_driven.algo
     sets = []
     for r in range(size):
         g = grad(r, 0, n)
@@ -136,11 +127,10 @@ def checks_on(comm: Communicator) -> dict:
 
     # Checkpoint: a fresh Ok-Topk loaded from the state continues identically.
     params = RESIDUAL_CASES["oktopk"][1]
-    a = make_algo("oktopk", params, comm)
-    run_steps(a, rank, 7)
+    a = make_algo("oktopk", params, comm).run(7)
     b = make_algo("oktopk", params, comm)
-    b.load_state_dict(a.state_dict())
-    out["resume_equal"] = torch.equal(run_steps(a, rank, 3, start=7)[-1], run_steps(b, rank, 3, start=7)[-1])
+    b.algo.load_state_dict(a.algo.state_dict())
+    out["resume_equal"] = torch.equal(run_steps(a, 3)[-1], run_steps(b, 3, start=7)[-1])
     return out
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from commlab.algorithms.base import StepInfo
 from commlab.testing import run_distributed
 from test_oktopk_volume import make_oktopk
 
@@ -50,15 +49,11 @@ def reference(world: int, k: int) -> tuple[list[torch.Tensor], list[torch.Tensor
 
 
 def body(rank: int, world: int, control: str) -> dict:
-    algo = make_oktopk(N, {"density": DENSITY, "warmup_steps": 0, "local_recompute_every": 1,
-                           "global_recompute_every": 1, "repartition_every": 2,
-                           "threshold_control": control}, dtype=torch.float64)
-    updates = []
-    for step in range(STEPS):
-        algo.model.w.grad = grad(rank, step)
-        algo.after_backward(StepInfo(step, 0, 0.1))
-        updates.append(algo.model.w.grad.clone())
-    return {"k": algo.k, "updates": updates, "residual": algo.memory.residual.clone()}
+    driven = make_oktopk(N, {"density": DENSITY, "warmup_steps": 0, "local_recompute_every": 1,
+                             "global_recompute_every": 1, "repartition_every": 2,
+                             "threshold_control": control}, lambda step: grad(rank, step), dtype=torch.float64)
+    updates = [driven.run(1).model.w.grad.clone() for _ in range(STEPS)]
+    return {"k": driven.algo.k, "updates": updates, "residual": driven.algo.memory.residual.clone()}
 
 
 @pytest.mark.parametrize("control", ["bounded", "release"])

@@ -16,11 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
-from commlab.core.communicator import Communicator
-from commlab.core.runtime import Runtime
-from commlab.registry import ALGORITHMS
-from commlab.testing import run_distributed
+from commlab.testing import Driven, drive, run_distributed
 
 
 class Flat(nn.Module):
@@ -31,14 +27,11 @@ class Flat(nn.Module):
         self.w = nn.Parameter(torch.zeros(n, dtype=dtype))
 
 
-def make_oktopk(n: int, params: dict, dtype: torch.dtype = torch.float32):
-    comm = Communicator()
-    cls = ALGORITHMS.get("oktopk")
-    rt = Runtime(comm.rank, comm.size, comm.rank, "gloo", torch.device("cpu"))
-    ctx = AlgoContext(rt, {"lr": 0.1}, seed=0, steps_per_epoch=100, total_steps=100)
-    algo = cls(Flat(n, dtype), comm, parse_options(cls.Options, params), ctx)
-    algo.setup()
-    return algo
+def make_oktopk(n: int, params: dict, grads, dtype: torch.dtype = torch.float32) -> Driven:
+    """Ok-Topk on a flat model of ``n`` elements, built as the loop builds it; step ``t`` takes the
+    gradient ``grads(t)``."""
+    return drive("oktopk", params, model=Flat(n, dtype), train={"lr": 0.1}, steps_per_epoch=100, total_steps=100,
+                 grads=grads)
 
 
 def heavy_tailed(rank: int, step: int, n: int, steps: int, dtype=torch.float32) -> torch.Tensor:
@@ -52,13 +45,12 @@ def heavy_tailed(rank: int, step: int, n: int, steps: int, dtype=torch.float32) 
 
 def volume_body(rank: int, world: int, n: int, steps: int, params: dict) -> dict:
     """Elements sent by this rank at each step (sparse steps only), and the logged maxima."""
-    algo = make_oktopk(n, params)
-    c = algo.comm.stats.counters
+    driven = make_oktopk(n, params, lambda step: heavy_tailed(rank, step, n, steps))
+    algo, c = driven.algo, driven.comm.stats.counters
     sent, logged = [], []
     for step in range(steps):
-        algo.model.w.grad = heavy_tailed(rank, step, n, steps)
         s0 = c["elements_sent"]
-        algo.after_backward(StepInfo(step, 0, 0.1))
+        driven.run(1)
         if step >= algo.options.warmup_steps:
             sent.append(c["elements_sent"] - s0)
         if (step + 1) % 10 == 0:

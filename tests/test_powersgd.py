@@ -5,13 +5,12 @@ full rank against the dense mean, and its bytes against the ring allreduce of it
 import pytest
 import torch
 
-from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
+from commlab.algorithms.base import parse_options
 from commlab.algorithms.powersgd import Q_INIT_STREAM, PowerSGD, compressible
-from commlab.core import Communicator
 from commlab.core.communicator import ring_allreduce_cost
-from commlab.core.runtime import Runtime, rank_generator
+from commlab.core.runtime import rank_generator
 from commlab.models.small import TinyMLP
-from commlab.testing import run_distributed
+from commlab.testing import drive, run_distributed
 
 SEED = 7
 WORLD = 4
@@ -26,21 +25,17 @@ def _grads_at(model, rank, step):
 def _run(rank, world, params):
     torch.manual_seed(0)
     model = TinyMLP(hidden=32)
-    comm = Communicator()
-    ctx = AlgoContext(Runtime(rank, world, rank, "gloo", torch.device("cpu")), {"lr": 0.1, "optimizer": "sgd"},
-                      SEED, 10, 100)
-    algo = PowerSGD(model, comm, parse_options(PowerSGD.Options, params), ctx)
-    algo.setup()
-    comm.stats.counters = dict.fromkeys(comm.stats.counters, 0)
-    comm.stats.drain()
+    driven = drive(PowerSGD, params, model=model, train={"lr": 0.1, "optimizer": "sgd"}, seed=SEED,
+                   steps_per_epoch=10, total_steps=100, grads=lambda step: _grads_at(model, rank, step))
+    stats = driven.comm.stats
+    stats.counters = dict.fromkeys(stats.counters, 0)
+    stats.drain()
     applied, totals = [], []
-    for step in range(STEPS):
-        for p, g in zip(model.parameters(), _grads_at(model, rank, step), strict=True):
-            p.grad = g.clone()
-        algo.after_backward(StepInfo(step, 0, 0.1))
+    for _ in range(STEPS):  # the gradients each step applied (the optimizer step leaves them)
+        driven.run(1)
         applied.append([p.grad.clone() for p in model.parameters()])
-        totals.append(dict(comm.stats.totals()))
-    return applied, totals, algo.compressed_elements()
+        totals.append(dict(stats.totals()))
+    return applied, totals, driven.algo.compressed_elements()
 
 
 def _orthonormal(a):

@@ -4,7 +4,6 @@ distributed methods average what every rank sent, and the recorded bytes are the
 import pytest
 import torch
 
-from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
 from commlab.algorithms.qsgd import FP16, QSGD, QSGD_STREAM
 from commlab.algorithms.ssgd import SynchronousSGD
 from commlab.compress.quantize import (
@@ -14,11 +13,10 @@ from commlab.compress.quantize import (
     packed_size,
     unpack_codes,
 )
-from commlab.core import Communicator
 from commlab.core.communicator import ring_allreduce_cost
-from commlab.core.runtime import Runtime, rank_generator
+from commlab.core.runtime import rank_generator
 from commlab.models.small import TinyMLP
-from commlab.testing import run_distributed
+from commlab.testing import drive, run_distributed
 
 SEED = 11
 
@@ -75,23 +73,19 @@ def test_quantizer_is_reproducible_for_a_seed_and_sized_exactly():
 
 
 # ---- the distributed methods ---------------------------------------------------------------------
-def _make(cls, params, rank, world):
+def _one_step(cls, params, rank):
+    """One step of the method on this rank's gradients; (the method, its raw flat gradient), with
+    only the step's traffic counted."""
     torch.manual_seed(0)
     model = TinyMLP(hidden=8)
-    comm = Communicator()
-    ctx = AlgoContext(Runtime(rank, world, rank, "gloo", torch.device("cpu")),
-                      {"lr": 0.1, "optimizer": "sgd"}, SEED, 10, 100)
-    algo = cls(model, comm, parse_options(cls.Options, params), ctx)
-    algo.setup()
-    comm.stats.counters = dict.fromkeys(comm.stats.counters, 0)  # count the step's traffic only
-    comm.stats.drain()
-    return algo
-
-
-def _set_grads(model, rank):
     g = rank_generator(5, rank, 9)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=g) * (rank + 1)
+    grads = [torch.randn(p.shape, generator=g) * (rank + 1) for p in model.parameters()]
+    driven = drive(cls, params, model=model, train={"lr": 0.1, "optimizer": "sgd"}, seed=SEED, steps_per_epoch=10,
+                   total_steps=100, grads=lambda step: grads)
+    stats = driven.comm.stats
+    stats.counters = dict.fromkeys(stats.counters, 0)  # count the step's traffic only
+    stats.drain()
+    return driven.run(1).algo, torch.cat([t.reshape(-1) for t in grads])
 
 
 def _grads(model):
@@ -101,20 +95,14 @@ def _grads(model):
 def _methods(rank, world):
     out = {}
     for bits in (4, 8):
-        algo = _make(QSGD, {"bits": bits, "bucket_size": 100}, rank, world)
-        _set_grads(algo.model, rank)
-        raw = _grads(algo.model)
-        algo.after_backward(StepInfo(0, 0, 0.1))
+        algo, raw = _one_step(QSGD, {"bits": bits, "bucket_size": 100}, rank)
         # What this rank sent, decoded: the same draws from a fresh generator of the same stream.
         q = algo.quantizer
         mine = q.decode(*q.encode(raw, rank_generator(SEED, rank, QSGD_STREAM)), raw.numel())
         out[f"qsgd{bits}"] = (_grads(algo.model), mine, algo.comm.stats.drain(),
                               algo.comm.stats.totals(), q.message_bytes(raw.numel()), raw.numel())
     for cls in (FP16, SynchronousSGD):
-        algo = _make(cls, {}, rank, world)
-        _set_grads(algo.model, rank)
-        raw = _grads(algo.model)
-        algo.after_backward(StepInfo(0, 0, 0.1))
+        algo, raw = _one_step(cls, {}, rank)
         out[cls.__name__] = (_grads(algo.model), raw, algo.comm.stats.totals())
     return out
 

@@ -72,14 +72,14 @@ def parse(command: str) -> None:
     tool = Path(argv[0]).name
     if argv[:3] == ["python", "-m", "commlab"]:
         tool, argv = "commlab", ["commlab", *argv[3:]]
-    elif argv[:3] == ["python", "-m", "commlab.launch.localslurm"]:
-        tool, argv = "commlab.launch.localslurm", argv[2:]
+    elif argv[:3] == ["python", "-m", "commlab.testing.localslurm"]:
+        tool, argv = "commlab.testing.localslurm", argv[2:]
     parsers = {"commlab": _parse_commlab, "torchrun": _parse_torchrun, "snakemake": _parse_snakemake,
                "mlflow": _parse_mlflow, "make": _parse_make}
     if tool in SHELL_ONLY:
         return
-    if tool == "commlab.launch.localslurm":
-        from commlab.launch.localslurm import build_parser
+    if tool == "commlab.testing.localslurm":
+        from commlab.testing.localslurm import build_parser
 
         return build_parser().parse_args(argv[1:]) and None
     assert tool in parsers, f"README command with no parser in this test: {command!r} (add one)"

@@ -1,19 +1,19 @@
 """RedSync and DGC on gloo ranks against dense references: density 1.0 is momentum SGD, masking
 zeroes exactly the sent entries, the residual is conserved, and indices above 2^24 survive."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
-from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
+from commlab.algorithms.base import parse_options
 from commlab.algorithms.dgc import DGC
 from commlab.algorithms.redsync import RedSync, warmup_density
 from commlab.config import DEFAULTS, load_config
-from commlab.core import Communicator
-from commlab.registry import ALGORITHMS
-from commlab.testing import run_distributed
+from commlab.loop.optim import optimizer_settings
+from commlab.testing import drive, run_distributed
 
 
 def _model() -> nn.Module:
@@ -30,12 +30,9 @@ def _train_cfg(**kw) -> dict:
     return {**DEFAULTS["train"], "lr": 0.1, "momentum": 0.9, "weight_decay": 1e-3, **kw}
 
 
-def _build(method: str, params: dict, train: dict, model: nn.Module):
-    cls = ALGORITHMS.get(method)
-    algo = cls(model, Communicator(), parse_options(cls.Options, params), AlgoContext(None, train, 0, 4, 100))
-    algo.optimizer = algo.build_optimizer()
-    algo.setup()
-    return algo
+def _drive(method: str, params: dict, train: dict, model: nn.Module, steps: int, **how):
+    """The method on ``model`` for ``steps`` steps of the training loop (4 steps an epoch, 100 in all)."""
+    return drive(method, params, model=model, steps=steps, train=train, steps_per_epoch=4, total_steps=100, **how)
 
 
 def _amax(t: torch.Tensor) -> float:
@@ -55,18 +52,11 @@ def _equivalence(rank, world, steps):
                 "dgc": ("dgc", {"density": 1.0}, _train_cfg(nesterov=nesterov)),
                 "plain_sgd": ("ssgd", {}, _train_cfg(momentum=0.0))}
         for name, (method, params, train) in runs.items():
-            model = _model()
-            algo = _build(method, params, train, model)
             gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data, same per method
-            for step in range(steps):
-                x, y = _batch(gen)
-                algo.optimizer.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                algo.after_backward(StepInfo(step, 0, 0.1))
-                algo.optimizer.step()
-            out[(nesterov, name)] = [p.detach().clone() for p in model.parameters()]
-            group = algo.optimizer.param_groups[0]
-            out[(nesterov, name, "momentum")] = (type(algo.optimizer).__name__, group["momentum"],
+            driven = _drive(method, params, train, _model(), steps, batches=lambda step, gen=gen: _batch(gen))
+            out[(nesterov, name)] = [p.detach().clone() for p in driven.model.parameters()]
+            group = driven.optimizer.param_groups[0]
+            out[(nesterov, name, "momentum")] = (type(driven.optimizer).__name__, group["momentum"],
                                                  group["weight_decay"], group["nesterov"])
     return out
 
@@ -103,71 +93,79 @@ VARIANTS = {
 
 
 def _masking(rank, world, steps):
-    report = {}
-    for name, params in VARIANTS.items():
-        model = _model()
-        algo = _build("dgc" if name == "dgc" else "redsync", params, _train_cfg(), model)
-        m, nesterov, wd = algo.m, algo.nesterov, algo.weight_decay
-        gen = torch.Generator().manual_seed(7 + rank)
-        errors = {"mask": 0.0, "untouched": 0.0, "conservation": 0.0, "cumulative": 0.0}
-        band, selectors, signs_ok, clipped = [], set(), True, False
-        grads_sum = [torch.zeros(layer.n) for layer in algo.layers]
-        applied_sum = [torch.zeros(layer.n) for layer in algo.layers]
-        for step in range(steps):
-            x, y = _batch(gen)
-            algo.optimizer.zero_grad()
-            F.cross_entropy(model(x), y).backward()
+    return {name: _mask_variant(rank, world, steps, "dgc" if name == "dgc" else "redsync", params)
+            for name, params in VARIANTS.items()}
+
+
+def _mask_variant(rank, world, steps, method, params):
+    """Every step of ``method``, checked between backward and the optimizer step against a
+    brute-force recomputation of what it must have done."""
+    gen = torch.Generator().manual_seed(7 + rank)
+    errors = {"mask": 0.0, "untouched": 0.0, "conservation": 0.0, "cumulative": 0.0}
+    band, selectors, flags, sums, before = [], set(), {"signs_ok": True, "clipped": False}, {}, []
+
+    def watch(point, driven, info):
+        algo, step = driven.algo, info.step
+        if not sums:
+            sums["grads"] = [torch.zeros(layer.n) for layer in algo.layers]
+            sums["applied"] = [torch.zeros(layer.n) for layer in algo.layers]
+        if point == "gradients":  # before after_backward: the raw gradients and the state
             raw = [layer.param.grad.reshape(-1).clone() for layer in algo.layers]
             if algo.options.local_clip:  # brute force: one norm over all layers, limit clip/sqrt(P)
                 norm = float(torch.cat(raw).norm())
                 limit = algo.options.local_clip / world ** 0.5
-                clipped |= norm > limit
+                flags["clipped"] |= norm > limit
                 raw = [g * min(1.0, limit / (norm + 1e-6)) for g in raw]
-            before = [(layer.u.clone(), layer.v.clone(), g, layer.param.detach().reshape(-1).clone())
-                      for layer, g in zip(algo.layers, raw, strict=True)]
-            algo.after_backward(StepInfo(step, 0, 0.1))
-            for i, (layer, (u0, v0, g, w)) in enumerate(zip(algo.layers, before, strict=True)):
-                g = g + wd * w
-                u1 = m * u0 + g
-                v_pre = v0 + (m * u1 + g if nesterov else u1)
-                sent = v_pre - layer.v  # what this rank handed over this step
-                grads_sum[i] += g
-                idx = layer.last_indices
-                if idx is None:  # dense layer: everything sent, momentum kept
-                    errors["untouched"] = max(errors["untouched"], float((layer.u - u1).abs().max()))
-                    errors["mask"] = max(errors["mask"], float(layer.v.abs().max()))
-                else:
-                    selectors.add(layer.selector_name)
-                    rest = torch.ones(layer.n, dtype=torch.bool)
-                    rest[idx] = False
-                    errors["mask"] = max(errors["mask"], _amax(layer.u[idx]))
-                    if not algo.quantized:
-                        errors["mask"] = max(errors["mask"], _amax(layer.v[idx]))
-                    else:  # one mean per layer at the sent indices, all of one sign
-                        chosen = v_pre[idx]
-                        signs_ok &= bool((chosen > 0).all() if step % 2 == 0 else (chosen < 0).all())
-                        if idx.numel():
-                            errors["mask"] = max(errors["mask"], float((sent[idx] - chosen.mean()).abs().max()))
-                    errors["untouched"] = max(errors["untouched"], float((layer.u[rest] - u1[rest]).abs().max()),
-                                              float((layer.v[rest] - v_pre[rest]).abs().max()))
-                    if layer.selector_name == "binary_search" and not algo.quantized:
-                        band.append((idx.numel(), algo_k(layer.n, algo.density)))
-                dist.all_reduce(sent)  # brute force: the dense average of what every rank sent
-                sent /= world
-                errors["conservation"] = max(errors["conservation"],
-                                             float((sent - layer.param.grad.reshape(-1)).abs().max()))
-                applied_sum[i] += layer.param.grad.reshape(-1)
-            algo.optimizer.step()
-        if m == 0:  # sum of gradients = sum of applied updates + residuals (averaged over ranks)
-            for i, layer in enumerate(algo.layers):
-                total = grads_sum[i] - layer.v
-                dist.all_reduce(total)
-                errors["cumulative"] = max(errors["cumulative"],
-                                           float((total / world - applied_sum[i]).abs().max()))
-        report[name] = {"errors": errors, "band": band, "selectors": selectors, "signs_ok": signs_ok,
-                        "clipped": clipped,
-                        "metrics": algo.metrics(), "stats": algo.comm.stats.totals()}
-    return report
+            before[:] = [(layer.u.clone(), layer.v.clone(), g, layer.param.detach().reshape(-1).clone())
+                         for layer, g in zip(algo.layers, raw, strict=True)]
+        elif point == "synchronised":  # after after_backward, before the optimizer step
+            _check_step(algo, step, world, before, errors, band, selectors, flags, sums)
+
+    driven = _drive(method, params, _train_cfg(), _model(), steps, batches=lambda step: _batch(gen), watch=watch)
+    algo = driven.algo
+    if algo.m == 0:  # sum of gradients = sum of applied updates + residuals (averaged over ranks)
+        for i, layer in enumerate(algo.layers):
+            total = sums["grads"][i] - layer.v
+            dist.all_reduce(total)
+            errors["cumulative"] = max(errors["cumulative"],
+                                       float((total / world - sums["applied"][i]).abs().max()))
+    return {"errors": errors, "band": band, "selectors": selectors, "signs_ok": flags["signs_ok"],
+            "clipped": flags["clipped"], "metrics": algo.metrics(), "stats": algo.comm.stats.totals()}
+
+
+def _check_step(algo, step, world, before, errors, band, selectors, flags, sums):
+    m, nesterov, wd = algo.m, algo.nesterov, algo.weight_decay
+    for i, (layer, (u0, v0, g, w)) in enumerate(zip(algo.layers, before, strict=True)):
+        g = g + wd * w
+        u1 = m * u0 + g
+        v_pre = v0 + (m * u1 + g if nesterov else u1)
+        sent = v_pre - layer.v  # what this rank handed over this step
+        sums["grads"][i] += g
+        idx = layer.last_indices
+        if idx is None:  # dense layer: everything sent, momentum kept
+            errors["untouched"] = max(errors["untouched"], float((layer.u - u1).abs().max()))
+            errors["mask"] = max(errors["mask"], float(layer.v.abs().max()))
+        else:
+            selectors.add(layer.selector_name)
+            rest = torch.ones(layer.n, dtype=torch.bool)
+            rest[idx] = False
+            errors["mask"] = max(errors["mask"], _amax(layer.u[idx]))
+            if not algo.quantized:
+                errors["mask"] = max(errors["mask"], _amax(layer.v[idx]))
+            else:  # one mean per layer at the sent indices, all of one sign
+                chosen = v_pre[idx]
+                flags["signs_ok"] &= bool((chosen > 0).all() if step % 2 == 0 else (chosen < 0).all())
+                if idx.numel():
+                    errors["mask"] = max(errors["mask"], float((sent[idx] - chosen.mean()).abs().max()))
+            errors["untouched"] = max(errors["untouched"], float((layer.u[rest] - u1[rest]).abs().max()),
+                                      float((layer.v[rest] - v_pre[rest]).abs().max()))
+            if layer.selector_name == "binary_search" and not algo.quantized:
+                band.append((idx.numel(), algo_k(layer.n, algo.density)))
+        dist.all_reduce(sent)  # brute force: the dense average of what every rank sent
+        sent /= world
+        errors["conservation"] = max(errors["conservation"],
+                                     float((sent - layer.param.grad.reshape(-1)).abs().max()))
+        sums["applied"][i] += layer.param.grad.reshape(-1)
 
 
 def algo_k(n: int, density: float) -> int:
@@ -208,13 +206,12 @@ SPIKES = [2**24 + 1, 2**24 + 3, BIG - 1]  # odd: float32 would round them to a n
 def _big_layer(rank, world):
     torch.manual_seed(0)
     model = nn.Linear(1, BIG, bias=False)
-    algo = _build("redsync", {"density": 0.001}, _train_cfg(momentum=0.0, weight_decay=0.0), model)
     gen = torch.Generator().manual_seed(rank)
     grad = torch.randn(BIG, 1, generator=gen) * 1e-3
     for j, i in enumerate(SPIKES):
         grad[i] = 10.0 * (rank + 1) + j
-    model.weight.grad = grad.clone()
-    algo.after_backward(StepInfo(0, 0, 0.1))
+    algo = _drive("redsync", {"density": 0.001}, _train_cfg(momentum=0.0, weight_decay=0.0), model, 1,
+                  grads=lambda step: [grad]).algo
     out = model.weight.grad.reshape(-1)
     layer = algo.layers[0]
     sent = grad.reshape(-1) - layer.v
@@ -311,9 +308,11 @@ def test_bad_options_name_the_value(params, match):
 
 
 def test_adam_is_refused():
-    # (the plain-SGD optimizer itself is checked in the distributed tests: building a torch
-    # optimizer imports torch._dynamo, seconds that the worker processes pay anyway)
-    algo = RedSync(nn.Linear(2, 2), None, parse_options(RedSync.Options, {}),
-                   AlgoContext(None, _train_cfg(optimizer="adam"), 0, 1, 1))
-    with pytest.raises(ValueError, match="sgd"):
-        algo.build_optimizer()
+    # the method declares plain SGD, and refuses a run whose optimizer is Adam (momentum lives in
+    # the compressor); the SGD itself is checked in the distributed tests
+    run = optimizer_settings(_train_cfg())
+    for cls in (RedSync, DGC):
+        declared = cls.loop_optimizer(parse_options(cls.Options, {}), run)
+        assert declared == dataclasses.replace(run, momentum=0.0, nesterov=False, weight_decay=0.0)
+        with pytest.raises(ValueError, match="needs train.optimizer 'sgd'.*got 'adam'"):
+            cls.loop_optimizer(parse_options(cls.Options, {}), optimizer_settings(_train_cfg(optimizer="adam")))

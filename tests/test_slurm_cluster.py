@@ -1,6 +1,6 @@
 """The SLURM profile on a real Slurm 22.05 (Debian's slurmctld, slurmd, slurmdbd, munge, MariaDB):
 one controller and two compute nodes on this machine, each in its own network and UTS namespace
-(commlab.launch.localslurm), an MLflow tracking server on the login side, Snakemake with
+(commlab.testing.localslurm), an MLflow tracking server on the login side, Snakemake with
 workflow/profiles/slurm submitting every training run with sbatch.
 
 Checked: the smoke grid (baseline paper, synthetic data) completes with every run FINISHED in

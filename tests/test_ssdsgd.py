@@ -4,7 +4,7 @@ the global replica is identical on every rank; the allreduce overlaps compute (c
 deliberately slowed collective); checkpoints with collectives in flight resume exactly.
 
 All distributed scenarios run in one spawn of 4 gloo ranks (module fixture); each rank drives the
-algorithm with the training loop's exact per-step sequence."""
+algorithm through the training loop's own step (commlab.testing.drive)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ import copy
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
-from commlab.algorithms.base import AlgoContext, StepInfo, parse_options
-from commlab.algorithms.local_compensation import LOCAL_RULES, LocalSGD
+from commlab.algorithms.base import parse_options
+from commlab.algorithms.local_compensation import LOCAL_RULES
 from commlab.config import DEFAULTS
-from commlab.core import Communicator, init_runtime
+from commlab.core import Communicator
+from commlab.loop.optim import ScaledSGD, build_optimizer, optimizer_settings, set_lr
 from commlab.models import build_model
-from commlab.optim import build_optimizer, set_lr
 from commlab.registry import ALGORITHMS
-from commlab.testing import run_distributed
+from commlab.testing import drive, run_distributed
 
 WORLD = 4
 OVERLAP_STEPS = 7  # overlap scenario: 1 warm-up step, then two SSD periods of k = 3
@@ -84,34 +85,25 @@ class SlowComm:
         return SlowPending(self._comm.all_reduce_async(tensor, op), Clock.step, self._delay, self._log)
 
 
-# ---- one rank's driver: the training loop's per-step sequence -----------------------------------
-def make(method: str, params: dict, comm=None, train=None, seed: int = 0):
-    rt = init_runtime("gloo")
-    train = {**TRAIN, **(train or {})}
-    model = new_model(seed)
-    ctx = AlgoContext(rt, train, 0, STEPS, STEPS)
-    cls = ALGORITHMS.get(method)
-    algo = cls(model, comm or Communicator(), parse_options(cls.Options, params), ctx)
-    algo.optimizer = algo.build_optimizer()
-    algo.setup()
-    return algo
+# ---- one rank's run: the training loop's steps, with lr_of(t) as the schedule --------------------
+def make(method: str, params: dict, comm=None, train=None, seed: int = 0, log: list | None = None, steps: int = 0):
+    """``method`` on a fresh model (its init seeded by ``seed``), driven as the loop drives it for
+    ``steps`` steps; each step's compute is logged in ``log`` and sets the emulated clock."""
+    rank = dist.get_rank()
+
+    def batches(t: int):
+        Clock.step = t
+        if log is not None:
+            log.append(("compute", t))
+        return batch(rank, t)
+
+    return drive(method, params, model=new_model(seed), steps=steps, train={**TRAIN, **(train or {})}, comm=comm,
+                 total_steps=STEPS, lr=lr_of, batches=batches)
 
 
-def step(algo, t: int, rank: int, log: list | None = None) -> None:
-    Clock.step = t
-    if log is not None:
-        log.append(("compute", t))
-    opt, lr = algo.optimizer, lr_of(t)
-    set_lr(opt, lr)
-    info = StepInfo(t, 0, lr)
-    opt.zero_grad(set_to_none=False)
-    x, y = batch(rank, t)
-    F.cross_entropy(algo.forward_model(x), y).backward()
-    algo.after_backward(info)
-    if algo.ctx.train.get("grad_clip"):
-        torch.nn.utils.clip_grad_norm_(algo.model.parameters(), algo.ctx.train["grad_clip"])
-    opt.step()
-    algo.after_step(info)
+def _each_step(driven, steps: int, see) -> list:
+    """``see(driven)`` after each of the next ``steps`` steps."""
+    return [see(driven.run(1)) for _ in range(steps)]
 
 
 def _scenarios(rank, world):
@@ -120,82 +112,60 @@ def _scenarios(rank, world):
     clip = {"grad_clip": 0.5}
     for method, params in (("ssgd", {}), ("odsgd", {"warmup_steps": 100}),
                            ("ssdsgd", {"warmup_steps": 100, "k": 3})):
-        algo = make(method, params, train=clip)
-        for t in range(STEPS):
-            step(algo, t, rank)
-        algo.finish()
+        algo = make(method, params, train=clip, steps=STEPS).finish().algo
         out[f"warm_{method}"] = (flat(algo.model.parameters()), flat(algo.eval_model.parameters()))
 
     # 2. Zero local learning rate (OD-SGD, and SSD-SGD k = 3): the local replica after each step
     #    and the final global replica.
     for name, method, params in (("od", "odsgd", {"local_optimizer": "dcasgd"}),
                                  ("ssd", "ssdsgd", {"k": 3, "local_optimizer": "glu"})):
-        algo = make(method, {"warmup_steps": 3, "local_lr_scale": 0.0, **params})
-        local = []
-        for t in range(STEPS):
-            step(algo, t, rank)
-            local.append(flat(algo.model.parameters()))
-        algo.finish()
-        out[f"delay_{name}"] = (local, flat(algo.global_model.parameters()))
+        driven = make(method, {"warmup_steps": 3, "local_lr_scale": 0.0, **params})
+        local = _each_step(driven, STEPS, lambda d: flat(d.model.parameters()))
+        driven.finish()
+        out[f"delay_{name}"] = (local, flat(driven.algo.global_model.parameters()))
 
     # 3. The global replica (and its version) after every step; local replicas too.
     for name, method, params in (("ssd_glu", "ssdsgd", {"warmup_steps": 2, "k": 3, "local_optimizer": "glu",
                                                          "glu_source": "update"}),
                                  ("od_dc", "odsgd", {"warmup_steps": 2, "local_optimizer": "dcasgd"})):
-        algo = make(method, params)
-        trace = []
-        for t in range(STEPS):
-            step(algo, t, rank)
-            trace.append((algo.version, flat(algo.global_model.parameters()), flat(algo.model.parameters()),
-                          algo.metrics()))
-        out[f"trace_{name}"] = trace
+        out[f"trace_{name}"] = _each_step(make(method, params), STEPS, lambda d: (
+            d.algo.version, flat(d.algo.global_model.parameters()), flat(d.model.parameters()), d.algo.metrics()))
 
     # 3b. GLU from the global update, weight 1, no weight decay: after each refresh the local step
     #     moves the refreshed replica along the latest global step, scaled by the lr ratio.
-    algo = make("odsgd", {"warmup_steps": 2, "local_optimizer": "glu", "glu_weight": 1.0, "glu_source": "update",
-                          "local_lr_scale": 2.0}, train={"weight_decay": 0.0})
-    trace = []
-    for t in range(STEPS):
-        step(algo, t, rank)
-        trace.append((flat(algo.global_model.parameters()), flat(algo.model.parameters())))
-    out["glu_update"] = trace
+    driven = make("odsgd", {"warmup_steps": 2, "local_optimizer": "glu", "glu_weight": 1.0, "glu_source": "update",
+                            "local_lr_scale": 2.0}, train={"weight_decay": 0.0})
+    out["glu_update"] = _each_step(driven, STEPS, lambda d: (flat(d.algo.global_model.parameters()),
+                                                             flat(d.model.parameters())))
 
     # 4. Overlap: event logs under collectives slowed by one and by two steps.
     for delay in (1, 2):
         for name, method, params in (("od", "odsgd", {"warmup_steps": 1}),
                                      ("ssd", "ssdsgd", {"warmup_steps": 1, "k": 3})):
             log = []
-            algo = make(method, params, comm=SlowComm(Communicator(), delay, log))
-            for t in range(OVERLAP_STEPS):
-                step(algo, t, rank, log)
+            driven = make(method, params, comm=SlowComm(Communicator(), delay, log), log=log, steps=OVERLAP_STEPS)
             Clock.step += 1  # finish() runs after the last step's compute
-            algo.finish()
+            driven.finish()
             out[f"log_{name}_{delay}"] = log
 
     # 5. Checkpoint and resume (with collectives in flight) equals the uninterrupted run.
     for rule in ("glu", "dcasgd"):
         params = {"warmup_steps": 2, "k": 3, "local_optimizer": rule}
-        algo = make("ssdsgd", params)
-        for t in range(STEPS):
-            step(algo, t, rank)
-        algo.finish()
+        algo = make("ssdsgd", params, steps=STEPS).finish().algo
         straight = (flat(algo.global_model.parameters()), flat(algo.model.parameters()))
-        algo = make("ssdsgd", params)
-        for t in range(5):
-            step(algo, t, rank)
-            if t == 3:
-                _ = algo.eval_model  # an epoch-end evaluation mid-period must not change the run
-        in_flight = [len(algo.in_flight)]
-        saved = copy.deepcopy({"model": algo.model.state_dict(), "opt": algo.optimizer.state_dict(),
-                               "algo": algo.state_dict()})
-        in_flight.append(len(algo.in_flight))
-        algo = make("ssdsgd", params, seed=1)
-        algo.model.load_state_dict(saved["model"])
-        algo.optimizer.load_state_dict(saved["opt"])
-        algo.load_state_dict(saved["algo"])
-        for t in range(5, STEPS):
-            step(algo, t, rank)
-        algo.finish()
+        driven = make("ssdsgd", params, steps=4)
+        _ = driven.algo.eval_model  # an epoch-end evaluation mid-period (after step 3) must not change the run
+        driven.run(1)
+        in_flight = [len(driven.algo.in_flight)]
+        saved = copy.deepcopy({"model": driven.model.state_dict(), "opt": driven.optimizer.state_dict(),
+                               "algo": driven.algo.state_dict()})
+        in_flight.append(len(driven.algo.in_flight))
+        driven = make("ssdsgd", params, seed=1)
+        driven.model.load_state_dict(saved["model"])
+        driven.optimizer.load_state_dict(saved["opt"])
+        driven.algo.load_state_dict(saved["algo"])
+        driven.next_step = 5
+        algo = driven.run(STEPS - 5).finish().algo
         out[f"resume_{rule}"] = (straight, (flat(algo.global_model.parameters()), flat(algo.model.parameters())),
                                  in_flight)
     return out
@@ -230,7 +200,7 @@ def _dense_trajectory(versions) -> list[torch.Tensor]:
     """w_{t+1} = SGD-momentum step of w_t with the mean over ranks of the gradients taken at
     w_{versions(t)}: SSGD with a delayed gradient, in one process."""
     model, scratch = new_model(), new_model()
-    opt = build_optimizer(model.parameters(), TRAIN)
+    opt = build_optimizer(model.parameters(), optimizer_settings(TRAIN))
     history = [flat(model.parameters())]
     for t in range(STEPS):
         torch.nn.utils.vector_to_parameters(history[versions(t)], scratch.parameters())
@@ -359,10 +329,10 @@ def test_local_rules_against_their_formulas():
     assert torch.allclose(adaptive.direction(g2, shift, None), expected)
 
 
-def test_local_sgd_steps_with_scaled_lr_like_torch_sgd():
+def test_scaled_sgd_steps_with_scaled_lr_like_torch_sgd():
     a, b = torch.nn.Parameter(torch.randn(20)), torch.nn.Parameter(torch.randn(20))
     b.data.copy_(a.data)
-    mine = LocalSGD([a], lr=0.1, lr_scale=4.0, momentum=0.5, weight_decay=0.01)
+    mine = ScaledSGD([a], lr=0.1, lr_scale=4.0, momentum=0.5, weight_decay=0.01)
     ref = torch.optim.SGD([b], lr=0.4, momentum=0.5, weight_decay=0.01)
     for _ in range(3):
         g = torch.randn(20)
@@ -371,6 +341,20 @@ def test_local_sgd_steps_with_scaled_lr_like_torch_sgd():
         ref.step()
     assert torch.equal(a, b)
     assert mine.param_groups[0]["lr"] == 0.1  # the loop's lr is left as the loop set it
+
+
+def test_the_declared_local_optimizer_is_scaled_sgd_with_the_local_momentum():
+    """SSD-SGD declares its local optimizer; the loop builds it: SGD at local_lr_scale x the run's
+    lr with local_momentum, the run's weight decay, never Nesterov, whatever the run's optimizer."""
+    cls = ALGORITHMS.get("ssdsgd")
+    options = parse_options(cls.Options, {"local_lr_scale": 5.0, "local_momentum": 0.3})
+    for train in (TRAIN, {**TRAIN, "nesterov": True}, {**TRAIN, "optimizer": "adam"}):
+        declared = cls.loop_optimizer(options, optimizer_settings(train))
+        opt = build_optimizer([torch.nn.Parameter(torch.zeros(3))], declared)
+        group = opt.param_groups[0]
+        assert type(opt) is ScaledSGD
+        assert (group["lr"], group["lr_scale"], group["momentum"], group["nesterov"], group["weight_decay"]) == \
+            (TRAIN["lr"], 5.0, 0.3, False, TRAIN["weight_decay"])
 
 
 @pytest.mark.parametrize("bad", [{"k": 0}, {"warmup_steps": -1}, {"local_optimizer": "adam"},

@@ -1,5 +1,5 @@
 """Methods, one module each, found by name through :data:`commlab.registry.ALGORITHMS`."""
 
-from commlab.algorithms.base import AlgoContext, Algorithm, StepInfo, parse_options
+from commlab.algorithms.base import Algorithm, MethodContext, OptimizerSettings, StepInfo, parse_options
 
-__all__ = ["AlgoContext", "Algorithm", "StepInfo", "parse_options"]
+__all__ = ["Algorithm", "MethodContext", "OptimizerSettings", "StepInfo", "parse_options"]

@@ -7,7 +7,7 @@ communication budget one synchronises often early (large variance) and rarely la
 
 Both are members of the periodic-averaging family (:mod:`commlab.algorithms.periodic`): local
 optimizer steps and, at a synchronisation, one allreduce of all parameters and floating buffers
-(and, optionally, the optimizer's momentum), then the parameter variance::
+(and, with ``optimizer_state: average``, the optimizer's momentum), then the parameter variance::
 
     V = mean_i || x_i - x_bar ||^2      (sum over all parameters, mean over the P ranks)
 
@@ -16,7 +16,13 @@ with one extra scalar allreduce: after the model allreduce gives ``x_bar``, each
 scalar allreduce are one global reduction. Both methods log ``period`` and ``variance`` (the
 last synchronisation's), ``syncs`` and, for ADPSGD, ``target`` through :meth:`metrics`.
 
-``cpsgd``: the family's fixed schedule (the same as ``kstep``'s, under CPSGD's option names):
+Their options use the family's names (:class:`~commlab.algorithms.periodic.FamilyOptions`):
+``buffers`` and ``optimizer_state`` (``average`` | ``keep_local``) and ``final_average``; the
+paper's ``average_buffers`` and ``average_momentum`` (true | false) are accepted as aliases.
+Every run logs ``schedule.kind`` (cpsgd: ``fixed``, adpsgd: ``adaptive``), ``schedule.period``
+and ``schedule.local_period`` (cpsgd: ``period``; adpsgd: ``initial_period``) as params.
+
+``cpsgd``: the family's fixed schedule (the same as ``kstep``'s):
 averages after every ``period``-th step (steps p-1, 2p-1, ...; torch's
 PeriodicModelAverager(period=p, warmup_steps=p-1) does the same arithmetic; with
 ``sync_at_first_step`` after steps 0, p, 2p, ... like warmup_steps=0). With ``final_average``
@@ -68,7 +74,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from commlab.algorithms.periodic import AveragingPolicy, FixedSchedule, PeriodicAveraging, Schedule
+from commlab.algorithms.periodic import AveragingPolicy, FamilyOptions, FixedSchedule, PeriodicAveraging, Schedule
 from commlab.registry import ALGORITHMS
 
 TARGETS = ("calibrate", "lr2")
@@ -100,6 +106,8 @@ def constant_schedule(period: int, total_steps: int, final_average: bool = True,
 
 class AdaptiveSchedule(Schedule):
     """ADPSGD's period controller (steps 1-5 of the module docstring), free of processes."""
+
+    kind = "adaptive"
 
     def __init__(self, o, total_steps: int):
         super().__init__(o.initial_period)
@@ -198,8 +206,7 @@ class _VarianceAveraging(PeriodicAveraging):
 
     def policy(self) -> AveragingPolicy:
         o = self.options
-        return AveragingPolicy(buffers="average" if o.average_buffers else "keep_local",
-                               optimizer_state="average" if o.average_momentum else "keep_local",
+        return AveragingPolicy(buffers=o.buffers, optimizer_state=o.optimizer_state,
                                probe_variance=getattr(o, "probe_variance", True))
 
 
@@ -208,15 +215,15 @@ class CPSGD(_VarianceAveraging):
     """Constant-period parameter averaging (plain K-step model averaging)."""
 
     @dataclass
-    class Options:
+    class Options(FamilyOptions):
+        """CPSGD's options (after the family's; aliases: :class:`FamilyOptions`)."""
+
         period: int = 8  # steps between averages
         sync_at_first_step: bool = False  # average after steps 0, p, 2p (torch warmup_steps=0)
-        final_average: bool = True  # the last step also averages (the evaluated model is the mean)
         probe_variance: bool = True  # measure V at each average (one extra scalar allreduce)
-        average_buffers: bool = True  # average floating buffers (BatchNorm statistics) too
-        average_momentum: bool = False  # average the optimizer's per-parameter state (momentum) too
 
         def validate(self) -> None:
+            super().validate()
             if self.period < 1:
                 raise ValueError(f"period must be at least 1, got {self.period}")
 
@@ -230,7 +237,9 @@ class ADPSGD(_VarianceAveraging):
     """Adaptive-period parameter averaging driven by the measured parameter variance."""
 
     @dataclass
-    class Options:
+    class Options(FamilyOptions):
+        """ADPSGD's options (after the family's; aliases: :class:`FamilyOptions`)."""
+
         initial_period: int = 2  # period of the calibration phase and the rule's start
         min_period: int = 1  # the rule never goes below this
         max_period: int = 64  # the rule never goes above this (the budget guard may)
@@ -249,11 +258,9 @@ class ADPSGD(_VarianceAveraging):
         budget_period: int | None = None  # at most as many syncs as cpsgd at this period
         budget_syncs: int | None = None  # or at most this many syncs (not with budget_period)
         budget_borrow: float = 0.25  # budget fraction that may be spent ahead of the uniform pace
-        final_average: bool = True  # the last step always averages
-        average_buffers: bool = True  # average floating buffers (BatchNorm statistics) too
-        average_momentum: bool = False  # average the optimizer's per-parameter state (momentum) too
 
         def validate(self) -> None:
+            super().validate()
             for name in ("initial_period", "min_period", "max_period", "calibration_syncs"):
                 if getattr(self, name) < 1:
                     raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -11,7 +11,7 @@ share, on top of the two primitives of ``base.py`` (``average_tensors``, ``broad
 * :class:`ReductionMomentum`: block momentum on the global update (BMUF / SlowMo style), plain or
   Nesterov;
 * :func:`averaged_copy`: the world-average model used for evaluation (instrumentation, not
-  counted as the method's traffic).
+  counted as the method's traffic: it goes through the control channel).
 
 No public code exists for the paper; the reading implemented here (a reconstruction) is that of
 BMUF (Chen & Huo, ICASSP 2016) with the block learning rate ``zeta`` as an option::
@@ -30,12 +30,12 @@ from __future__ import annotations
 import copy
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from commlab.algorithms.base import average_tensors
 from commlab.algorithms.tensors import flatten, unflatten_into
 from commlab.core.communicator import Communicator
+from commlab.core.control import ControlChannel
 
 PHASES = ("last", "first")
 POLICIES = ("keep_local", "average")
@@ -135,11 +135,12 @@ class ReductionMomentum:
 
 
 @torch.no_grad()
-def averaged_copy(model: nn.Module, group: dist.ProcessGroup | None = None) -> nn.Module:
+def averaged_copy(model: nn.Module, control: ControlChannel) -> nn.Module:
     """A copy of ``model`` whose floating-point parameters and buffers are the average over the
-    world: what one more global reduction would produce. Collective (every rank calls it). It
-    serves evaluation, so it bypasses the Communicator: this traffic is not the method's."""
-    if dist.get_world_size(group) == 1:
+    control channel's ranks: what one more global reduction would produce. Collective (every rank
+    calls it). It serves evaluation, so it goes through the uncounted control channel: this
+    traffic is not the method's."""
+    if control.size == 1:
         return model
     clone = copy.deepcopy(model)
     tensors = [t for t in clone.state_dict().values() if t.dtype.is_floating_point]
@@ -148,7 +149,6 @@ def averaged_copy(model: nn.Module, group: dist.ProcessGroup | None = None) -> n
         by_dtype.setdefault(t.dtype, []).append(t)
     for group_tensors in by_dtype.values():
         flat = flatten(group_tensors)
-        dist.all_reduce(flat, group=group)
-        flat.div_(dist.get_world_size(group))
+        control.all_reduce(flat, op="avg")
         unflatten_into(flat, group_tensors)
     return clone

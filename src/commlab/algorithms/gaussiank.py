@@ -46,7 +46,7 @@ class GaussianK(SparseAlgorithm):
         self.mags: torch.Tensor | None = None  # |acc| buffer reused between steps
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
-        with self.selecting(acc.device) as box:
+        with self.selecting() as box:
             self.mags = magnitudes_into(acc, self.mags)
             idx, self.threshold = gaussian_select(acc, self.k, self.selector_options, self.mags)
             box[0] = idx.numel()

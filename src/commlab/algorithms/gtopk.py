@@ -82,7 +82,7 @@ class GlobalTopk(SparseAlgorithm):
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         k, n = self.k, self.n
-        with self.selecting(acc.device) as box:
+        with self.selecting() as box:
             idx = torch.sort(exact_topk(acc, k)).values
             box[0] = idx.numel()
         self.note("local_selected", idx.numel())

@@ -7,19 +7,25 @@ reading (a reconstruction), and every choice in it is an option, logged with the
 Two methods:
 
 * ``kstep``: every worker takes local optimizer steps (the run's ``train.optimizer``: SGD,
-  momentum SGD or Adam) and every ``k`` steps the models are averaged over the world (one global
-  reduction). ``k = 1`` is synchronous model averaging.
+  momentum SGD or Adam) and every ``period`` (the paper's K) steps the models are averaged over
+  the world (one global reduction). ``period = 1`` is synchronous model averaging.
 * ``kstep_hier``: workers form consecutive groups of ``group_size`` (one group per node by
-  default); every ``k_local`` steps the model is averaged inside the group (a local reduction),
-  every ``k_global = H * k_local`` steps over the world (a global reduction, which replaces the
-  local one due at the same step, as torch's HierarchicalModelAverager does).
+  default); every ``local_period`` steps the model is averaged inside the group (a local
+  reduction), every ``period = H * local_period`` steps over the world (a global reduction, which
+  replaces the local one due at the same step, as torch's HierarchicalModelAverager does).
+
+The option names are the family's (torch's model_averaging vocabulary, see
+:mod:`commlab.algorithms.periodic`); the paper's names are aliases that configs and grids may
+use instead (one of a pair, not both): ``k`` for ``period`` (kstep), ``k_global`` and ``k_local``
+for ``period`` and ``local_period`` (kstep_hier), ``final_reduction`` for ``final_average``,
+``average_optimizer_state`` for ``optimizer_state``.
 
 Both are members of the periodic-averaging family (:mod:`commlab.algorithms.periodic`) with a
 fixed schedule. Both take optional **reduction momentum** (block momentum ``momentum`` = mu on the global update,
 plain or Nesterov; formulas in :mod:`commlab.algorithms.averaging`), ``warmup_steps`` synchronous
 steps first (gradients allreduced every step, one global reduction each, as post-local SGD does),
 and explicit policies for what else a reduction averages: the optimizer state
-(``average_optimizer_state``) and the BN running statistics (``buffers``; averaging only the
+(``optimizer_state``) and the BN running statistics (``buffers``; averaging only the
 weights leaves each worker its own statistics, which costs accuracy with BN nets).
 
 Reconstructed choices and where they may deviate from the paper:
@@ -30,9 +36,9 @@ Reconstructed choices and where they may deviate from the paper:
   ``kstep`` then equals PeriodicModelAverager and ``kstep_hier`` HierarchicalModelAverager step for
   step; with a
   warm-up, kstep still equals PeriodicModelAverager after DDP-style warm-up, and kstep_hier does
-  when ``warmup_steps`` is a multiple of ``k_global``, since torch's hierarchy counts periods from
+  when ``warmup_steps`` is a multiple of ``period``, since torch's hierarchy counts periods from
   step 0, ours from the end of the warm-up).
-* ``final_reduction``: the last step of the run ends with a global reduction (counted) unless one
+* ``final_average``: the last step of the run ends with a global reduction (counted) unless one
   is due anyway, so the trained model is a single model, as K-AVG's output is the average.
 * ``evaluate``: ``rank0`` (default) scores rank 0's replica at every evaluation, the model that
   exists at that step; ``average`` scores the world average of the replicas, the model one more
@@ -43,38 +49,39 @@ Reconstructed choices and where they may deviate from the paper:
   group of one worker makes them no-ops.
 
 Launch (6 CPU workers): ``torchrun --standalone --nproc-per-node 6 -m commlab train
---config run.yaml method=kstep_hier method_params.group_size=2 method_params.k_local=4
-method_params.k_global=32 method_params.momentum=0.5``.
+--config run.yaml method=kstep_hier method_params.group_size=2 method_params.local_period=4
+method_params.period=32 method_params.momentum=0.5``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from commlab.algorithms.averaging import PHASES, POLICIES, ReductionMomentum
-from commlab.algorithms.periodic import AveragingPolicy, FixedSchedule, PeriodicAveraging
+from commlab.algorithms.averaging import PHASES, ReductionMomentum
+from commlab.algorithms.periodic import AveragingPolicy, FamilyOptions, FixedSchedule, PeriodicAveraging
 from commlab.core.communicator import Communicator
 from commlab.core.runtime import node_groups
+from commlab.options import Alias
 from commlab.registry import ALGORITHMS
 
 EVALUATE = ("average", "rank0")
 
 
 @dataclass
-class AveragingOptions:
-    """Options shared by ``kstep`` and ``kstep_hier``."""
+class AveragingOptions(FamilyOptions):
+    """Options shared by ``kstep`` and ``kstep_hier`` (after the family's ``buffers``,
+    ``optimizer_state`` and ``final_average``; aliases: :class:`FamilyOptions`)."""
 
     momentum: float = 0.0  # block momentum mu on the global update; 0 = plain averaging
     nesterov: bool = False  # Nesterov block momentum: workers restart from anchor + mu * v
     block_lr: float = 1.0  # zeta, BMUF's block learning rate on the averaged displacement
     warmup_steps: int = 0  # synchronous steps first (gradient allreduce every step)
     phase: str = "last"  # last: reduce after a period's K-th step (K-AVG); first: after its 1st (torch)
-    average_optimizer_state: str = "keep_local"  # keep_local | average (momentum buffer, Adam moments)
-    buffers: str = "average"  # average | keep_local: BN running statistics at a reduction
-    final_reduction: bool = True  # a global reduction after the last step (counted): the result is one model
     evaluate: str = "rank0"  # rank0: score rank 0's replica; average: the replicas' world average (uncounted)
 
     def validate(self) -> None:
+        super().validate()
         if not 0.0 <= self.momentum < 1.0:
             raise ValueError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.block_lr <= 0:
@@ -83,11 +90,6 @@ class AveragingOptions:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.phase not in PHASES:
             raise ValueError(f"phase must be one of {PHASES}, got {self.phase!r}")
-        if self.average_optimizer_state not in POLICIES:
-            raise ValueError(
-                f"average_optimizer_state must be one of {POLICIES}, got {self.average_optimizer_state!r}")
-        if self.buffers not in POLICIES:
-            raise ValueError(f"buffers must be one of {POLICIES}, got {self.buffers!r}")
         if self.evaluate not in EVALUATE:
             raise ValueError(f"evaluate must be one of {EVALUATE}, got {self.evaluate!r}")
         if self.nesterov and self.momentum == 0:
@@ -98,17 +100,17 @@ class _KStepFamily(PeriodicAveraging):
     """What ``kstep`` and ``kstep_hier`` share: their policy, warm-up and block momentum options."""
 
     def periods(self) -> tuple[int, int]:
-        """(k_local, k_global) in optimizer steps."""
+        """(local period, global period) in optimizer steps."""
         raise NotImplementedError
 
     def make_schedule(self) -> FixedSchedule:
         o = self.options
-        k_local, k_global = self.periods()
-        return FixedSchedule(k_local, k_global, self.ctx.total_steps, o.warmup_steps, o.phase, o.final_reduction)
+        local_period, period = self.periods()
+        return FixedSchedule(local_period, period, self.ctx.total_steps, o.warmup_steps, o.phase, o.final_average)
 
     def policy(self) -> AveragingPolicy:
         o = self.options
-        return AveragingPolicy(buffers=o.buffers, optimizer_state=o.average_optimizer_state, evaluate=o.evaluate)
+        return AveragingPolicy(buffers=o.buffers, optimizer_state=o.optimizer_state, evaluate=o.evaluate)
 
     def block_momentum(self) -> ReductionMomentum | None:
         o = self.options
@@ -119,47 +121,57 @@ class _KStepFamily(PeriodicAveraging):
 
 @ALGORITHMS.register("kstep")
 class KStep(_KStepFamily):
-    """K-step averaging: a global model average every ``k`` local steps."""
+    """K-step averaging: a global model average every ``period`` local steps."""
 
     @dataclass
     class Options(AveragingOptions):
-        k: int = 16  # local steps between global reductions (1 = synchronous model averaging)
+        """K-step averaging's options; ``k`` is an alias of ``period`` (and :class:`FamilyOptions`'s)."""
+
+        ALIASES: ClassVar[dict[str, Alias]] = {**AveragingOptions.ALIASES, "k": Alias("period")}
+
+        period: int = 16  # local steps between global reductions, the paper's K (1 = synchronous averaging)
 
         def validate(self) -> None:
             super().validate()
-            if self.k < 1:
-                raise ValueError(f"k must be >= 1, got {self.k}")
+            if self.period < 1:
+                raise ValueError(f"period must be >= 1, got {self.period}")
 
     def periods(self) -> tuple[int, int]:
-        return self.options.k, self.options.k
+        return self.options.period, self.options.period
 
 
 @ALGORITHMS.register("kstep_hier")
 class KStepHier(_KStepFamily):
-    """Local reductions inside groups every ``k_local`` steps, global ones every ``k_global``."""
+    """Local reductions inside groups every ``local_period`` steps, global ones every ``period``."""
 
     @dataclass
     class Options(AveragingOptions):
+        """Hierarchical K-step's options; ``k_local`` and ``k_global`` are aliases of
+        ``local_period`` and ``period`` (and :class:`FamilyOptions`'s)."""
+
+        ALIASES: ClassVar[dict[str, Alias]] = {**AveragingOptions.ALIASES, "k_local": Alias("local_period"),
+                                               "k_global": Alias("period")}
+
         group_size: int = 0  # workers per local group; 0 = workers per node
-        k_local: int = 4  # steps between local (group) reductions
-        k_global: int = 16  # steps between global reductions; a multiple of k_local
+        local_period: int = 4  # steps between local (group) reductions, the paper's K_l
+        period: int = 16  # steps between global reductions, a multiple of local_period (the paper's K_g)
 
         def validate(self) -> None:
             super().validate()
             if self.group_size < 0:
                 raise ValueError(f"group_size must be >= 0 (0: workers per node), got {self.group_size}")
-            if self.k_local < 1:
-                raise ValueError(f"k_local must be >= 1, got {self.k_local}")
-            if self.k_global < 1 or self.k_global % self.k_local:
+            if self.local_period < 1:
+                raise ValueError(f"local_period must be >= 1, got {self.local_period}")
+            if self.period < 1 or self.period % self.local_period:
                 raise ValueError(
-                    f"k_global must be a positive multiple of k_local={self.k_local}, got {self.k_global}")
+                    f"period must be a positive multiple of local_period={self.local_period}, got {self.period}")
 
     def periods(self) -> tuple[int, int]:
-        return self.options.k_local, self.options.k_global
+        return self.options.local_period, self.options.period
 
     def local_comm(self) -> Communicator | None:
         world = self.comm.size
-        size = self.options.group_size or int(self.ctx.extras.get("workers_per_node", world))
+        size = self.options.group_size or self.ctx.workers_per_node
         if size < 1 or world % size:
             raise ValueError(f"group_size {size} must divide the world size {world}")
         if size == 1:

@@ -2,7 +2,8 @@
 replica with its own gradient while the global (allreduce-averaged) update is still in flight.
 
 Every rule turns the worker's own gradient ``g`` into a *local direction* ``d``; the local
-optimizer (:class:`LocalSGD`, the optimizer the training loop steps) then applies
+optimizer (the optimizer the training loop steps, which SSD-SGD declares as SGD at
+``local_lr_scale`` times the run's learning rate: :class:`commlab.loop.optim.ScaledSGD`) then applies
 ``w <- w - lr * lr_scale * (d + weight_decay * w)`` (plus optional local momentum).
 
 =========  ===========================================================================
@@ -32,38 +33,6 @@ by the global one (every k steps), so ``dcasgd`` compensates exactly there.
 from __future__ import annotations
 
 import torch
-
-
-class LocalSGD(torch.optim.SGD):
-    """torch SGD whose step size is the loop's learning rate times ``lr_scale``.
-
-    The training loop sets ``param_group["lr"]`` to the run's (scheduled) learning rate every
-    step; the local replica's learning rate is a fixed multiple of it (4-5x in the papers'
-    launch scripts), so the multiple lives in the param group and the schedule applies to both.
-
-    Example::
-
-        opt = LocalSGD(model.parameters(), lr=0.05, lr_scale=4.0)   # steps with lr 0.2
-    """
-
-    def __init__(self, params, lr: float, lr_scale: float, momentum: float = 0.0,
-                 weight_decay: float = 0.0):
-        if lr_scale < 0:
-            raise ValueError(f"lr_scale must be >= 0, got {lr_scale}")
-        super().__init__(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        for group in self.param_groups:
-            group["lr_scale"] = float(lr_scale)
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        saved = [group["lr"] for group in self.param_groups]
-        for group in self.param_groups:
-            group["lr"] = group["lr"] * group["lr_scale"]
-        try:
-            return super().step(closure)
-        finally:
-            for group, lr in zip(self.param_groups, saved, strict=True):
-                group["lr"] = lr
 
 
 class LocalRule:

@@ -143,7 +143,7 @@ class OkTopk(SparseAlgorithm):
     # ---- one step ------------------------------------------------------------------------------
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         o, k = self.options, self.k
-        with self.selecting(acc.device) as box:
+        with self.selecting() as box:
             self.mags = magnitudes_into(acc, self.mags)
             selected = self.local.select(acc, self.mags, k, step)    # guarded, then nudged
             box[0] = selected.numel()
@@ -177,7 +177,7 @@ class OkTopk(SparseAlgorithm):
         """Allgather every reduced region; keep the exact global top-k (the release's tau' step)."""
         with self.phase("allgather"):
             all_idx, all_val, _ = allgatherv_pairs(self.comm, r_idx, r_val, self.n)
-        with self.selecting(r_val.device):
+        with self.selecting():
             mags = all_val.abs()
             if self.k >= mags.numel():
                 keep = torch.nonzero(all_val).view(-1)
@@ -195,14 +195,14 @@ class OkTopk(SparseAlgorithm):
         recomputed (without moving values) when due or when the reused one leaves [lower*k, cap];
         then allgather them, balanced when that is cheaper for the busiest rank."""
         p, k, dev = self.comm.size, self.k, r_val.device
-        with self.selecting(dev):
+        with self.selecting():
             mags = r_val.abs()
             thr = self.global_.value
             keep = passing(r_val, mags, thr) if thr is not None else torch.zeros_like(mags, dtype=torch.bool)
         with self.phase("allgather"):  # every rank's kept count and volume so far, in one allgather
             mine = torch.tensor([int(keep.sum()), self.step_sent()], dtype=torch.int64)
             if p > 1:
-                mine = self.comm.all_gather(mine.to(self.comm._count_device())).cpu()
+                mine = self.comm.all_gather(mine.to(self.comm.device)).cpu()
                 self.comm.stats.relabel_last("sparse_counts")
             table = mine.view(p, 2)
         counts, spent = table[:, 0].tolist(), int(table[:, 1].max())
@@ -258,7 +258,7 @@ class OkTopk(SparseAlgorithm):
 
     def _thresholded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep this region's reduced entries above the reused global threshold; allgather them."""
-        with self.selecting(r_val.device):
+        with self.selecting():
             keep = passing(r_val, r_val.abs(), self.global_.value)
             s_idx, s_val = r_idx[keep], r_val[keep]
         if not self.options.balance:

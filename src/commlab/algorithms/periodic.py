@@ -2,7 +2,14 @@
 K-step averaging and its hierarchical form (``kstep``, ``kstep_hier``), constant-period averaging
 (``cpsgd``) and adaptive periodic averaging (``adpsgd``).
 
-They share everything but the schedule. Each worker takes local optimizer steps; after a step the
+They share everything but the schedule, and one vocabulary, torch's model_averaging's:
+``period`` (steps between global reductions), ``local_period`` (between local ones),
+``warmup_steps``, ``final_average`` (a global reduction after the last step), and the policies
+``buffers`` and ``optimizer_state`` (``average`` | ``keep_local``); :class:`FamilyOptions` holds
+the ones every member has. Every run logs the schedule's normalised periods as the MLflow params
+``schedule.kind`` (``fixed`` | ``adaptive``), ``schedule.period`` (the global period; adaptive:
+the initial one) and ``schedule.local_period`` (the global period when there are no local
+reductions), whatever the method's option names. Each worker takes local optimizer steps; after a step the
 method's :class:`Schedule` says whether a reduction is due and over which scope (``"global"``:
 the world; ``"local"``: the worker's group); a reduction then averages, in one allreduce per
 dtype, the parameters and, by the method's :class:`AveragingPolicy`, the floating buffers (BN
@@ -20,10 +27,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 
 from commlab.algorithms.averaging import (
+    POLICIES,
     ReductionMomentum,
     average_and_probe,
     average_replicas,
@@ -35,6 +44,33 @@ from commlab.algorithms.base import Algorithm, StepInfo
 from commlab.algorithms.ssgd import allreduce_gradients
 from commlab.algorithms.tensors import grad_buckets
 from commlab.core.communicator import Communicator
+from commlab.options import Alias
+
+
+@dataclass
+class FamilyOptions:
+    """Options every member of the family has (the ones each method adds come after them).
+
+    Aliases accepted in configs and grids (one of a pair, not both): ``final_reduction`` for
+    ``final_average``, ``average_optimizer_state`` for ``optimizer_state`` (K-step's names),
+    ``average_buffers`` and ``average_momentum`` (true | false) for ``buffers`` and
+    ``optimizer_state`` (ADPSGD's names)."""
+
+    ALIASES: ClassVar[dict[str, Alias]] = {
+        "final_reduction": Alias("final_average"),
+        "average_optimizer_state": Alias("optimizer_state"),
+        "average_buffers": Alias("buffers", {True: "average", False: "keep_local"}),
+        "average_momentum": Alias("optimizer_state", {True: "average", False: "keep_local"}),
+    }
+
+    buffers: str = "average"  # average | keep_local: floating buffers (BN running statistics) at a reduction
+    optimizer_state: str = "keep_local"  # average | keep_local: the optimizer's momentum buffers, Adam moments
+    final_average: bool = True  # a global reduction after the last step (counted): the result is one model
+
+    def validate(self) -> None:
+        for name in ("buffers", "optimizer_state"):
+            if getattr(self, name) not in POLICIES:
+                raise ValueError(f"{name} must be one of {POLICIES}, got {getattr(self, name)!r}")
 
 
 @dataclass
@@ -50,12 +86,16 @@ class AveragingPolicy:
 class Schedule:
     """When reductions happen. :meth:`due` is asked after every optimizer step past the warm-up;
     :meth:`after_sync` hears of every global reduction with the variance it measured (NaN when not
-    probed); :meth:`observe_lr` sees every step's learning rate first."""
+    probed); :meth:`observe_lr` sees every step's learning rate first. ``kind``,
+    ``initial_period`` and ``local_period`` are the normalised periods the run logs as params."""
 
     _STATE = ("syncs", "variance", "history")
+    kind = "fixed"
 
-    def __init__(self, period: int):
+    def __init__(self, period: int, local_period: int | None = None):
         self.period = period  # the global period in force (metrics, history)
+        self.initial_period = period
+        self.local_period = period if local_period is None else local_period
         self.syncs, self.variance = 0, math.nan
         self.history: list[tuple[int, int, float]] = []  # (step, period in force, variance) per global sync
 
@@ -88,23 +128,22 @@ class Schedule:
 
 
 class FixedSchedule(Schedule):
-    """Global reductions every ``k_global`` steps, local ones every ``k_local`` in between (a local
-    reduction due with a global one is replaced by it), counted from ``start`` (the end of a
+    """Global reductions every ``period`` steps, local ones every ``local_period`` in between (a
+    local reduction due with a global one is replaced by it), counted from ``start`` (the end of a
     warm-up); ``phase`` as :func:`~commlab.algorithms.averaging.is_due`; with ``final`` the last step
     of the run is a global reduction too."""
 
-    def __init__(self, k_local: int, k_global: int, total_steps: int, start: int = 0, phase: str = "last",
+    def __init__(self, local_period: int, period: int, total_steps: int, start: int = 0, phase: str = "last",
                  final: bool = True):
-        super().__init__(k_global)
-        self.k_local, self.k_global, self.total_steps = k_local, k_global, total_steps
-        self.start, self.phase, self.final = start, phase, final
+        super().__init__(period, local_period)
+        self.total_steps, self.start, self.phase, self.final = total_steps, start, phase, final
 
     def due(self, step: int) -> str | None:
         if step < self.start:
             return None
-        if (self.final and step == self.total_steps - 1) or is_due(step, self.k_global, self.start, self.phase):
+        if (self.final and step == self.total_steps - 1) or is_due(step, self.initial_period, self.start, self.phase):
             return "global"
-        if self.k_local < self.k_global and is_due(step, self.k_local, self.start, self.phase):
+        if self.local_period < self.initial_period and is_due(step, self.local_period, self.start, self.phase):
             return "local"
         return None
 
@@ -175,6 +214,10 @@ class PeriodicAveraging(Algorithm):
         elif scope == "local" and self.group_comm is not None:
             self._reduce(self.group_comm, 0)
 
+    def run_params(self) -> dict[str, Any]:
+        s = self.schedule
+        return {"schedule.kind": s.kind, "schedule.period": s.initial_period, "schedule.local_period": s.local_period}
+
     def _reduce(self, comm: Communicator, probe_numel: int) -> None:
         policy = self.policy()
         tensors = sync_tensors(self.model, self.optimizer, policy.buffers, policy.optimizer_state)
@@ -185,15 +228,14 @@ class PeriodicAveraging(Algorithm):
     @property
     def eval_model(self) -> torch.nn.Module:
         if self.policy().evaluate == "average":
-            return averaged_copy(self.model)
+            return averaged_copy(self.model, self.ctx.control)
         return self.model
 
     def metrics(self) -> dict[str, float]:
         out = self.schedule.metrics()
         reductions = self.comm.stats.counters["reductions_global"]
-        batch = self.ctx.train.get("batch_size")
-        if reductions and batch:
-            out["samples_per_global_reduction"] = self._steps * self.comm.size * int(batch) / reductions
+        if reductions:
+            out["samples_per_global_reduction"] = self._steps * self.comm.size * self.ctx.batch_size / reductions
         return out
 
     def state_dict(self) -> dict:

@@ -52,14 +52,14 @@ Launch::
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 import torch
 
-from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.base import Algorithm, OptimizerSettings, StepInfo
 from commlab.compress.base import index_dtype, k_for_density
 from commlab.compress.binary_search import BinarySearchSelector
 from commlab.core.sparse import allgatherv_pairs
@@ -171,20 +171,20 @@ class RedSync(Algorithm):
         return self.options.quantize
 
     # ---- construction --------------------------------------------------------------------------
-    def build_optimizer(self) -> torch.optim.Optimizer:
-        """Plain SGD: momentum and weight decay live in the compressor."""
-        train = self.ctx.train
-        if train.get("optimizer", "sgd") != "sgd":
-            raise ValueError(f"{type(self).__name__} needs train.optimizer 'sgd' (momentum lives in the "
-                             f"compressor), got {train.get('optimizer')!r}")
-        return torch.optim.SGD(self.model.parameters(), lr=float(train["lr"]), momentum=0.0, weight_decay=0.0)
+    @classmethod
+    def loop_optimizer(cls, options: CompressionOptions, run: OptimizerSettings) -> OptimizerSettings:
+        """Plain SGD at the run's learning rate: momentum and weight decay live in the compressor."""
+        if run.name != "sgd":
+            raise ValueError(f"{cls.__name__} needs train.optimizer 'sgd' (momentum lives in the "
+                             f"compressor), got {run.name!r}")
+        return dataclasses.replace(run, momentum=0.0, nesterov=False, weight_decay=0.0)
 
     def setup(self) -> None:
         super().setup()
-        o, train = self.options, self.ctx.train
-        self.m = float(train.get("momentum", 0.0) if o.momentum is None else o.momentum)
-        self.nesterov = bool(train.get("nesterov", False) if o.nesterov is None else o.nesterov)
-        self.weight_decay = float(train.get("weight_decay", 0.0))
+        o, run = self.options, self.ctx.run_optimizer
+        self.m = run.momentum if o.momentum is None else float(o.momentum)
+        self.nesterov = run.nesterov if o.nesterov is None else bool(o.nesterov)
+        self.weight_decay = run.weight_decay
         self.layers: list[Layer] = []
         offset = 0
         for p in self.model.parameters():
@@ -242,14 +242,10 @@ class RedSync(Algorithm):
 
     def _compress(self, layer: Layer, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Select, mask and return (local indices, values or the one-element mean)."""
-        device = layer.v.device
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        clock = self.ctx.clock
+        t0 = clock.mark()
         idx = layer.selector(layer.v, k)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - t0
+        seconds = clock.seconds_since(t0)
         values = layer.v[idx]
         if self.quantized:
             keep = values > 0 if step % 2 == 0 else values < 0

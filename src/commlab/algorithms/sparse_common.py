@@ -16,13 +16,14 @@ so far): ``volume`` (elements sent per step by this rank, indices + values + cou
 ``volume_over_k`` and ``recv_over_k`` (the paper's volume per worker in units of k),
 ``sent_<phase>``, ``local_selected``, ``select_ms``, ``residual_norm``, and ``probe_error`` when
 the selection-accuracy probe runs: ||top-k(dense average of acc) - update|| / ||dense average||,
-computed every ``probe_every`` steps with a dense allreduce kept out of the method's accounting.
+computed every ``probe_every`` steps with a dense allreduce on the uncounted control channel.
 
 Worst cases over ranks and steps (a claim such as "< 6k per worker" must hold at every step on
 every rank, not on average on rank 0): each rank tracks the largest volume it sent in one sparse
 step since the previous log point, and ``metrics()`` (called by every rank at the same log points)
-reduces it and the cumulative mean with MAX over the ranks in one allreduce of two numbers, outside
-the Communicator's accounting like the training loop's control allreduce:
+reduces it and the cumulative mean with MAX over the ranks in one allreduce of two numbers on the
+control channel (``ctx.control``), outside the Communicator's accounting like the training
+loop's log-point allreduce:
 ``step_volume_over_k`` (this rank's largest step in the window, / k), ``step_volume_over_k_max``
 (the same, max over ranks) and ``volume_over_k_max`` (cumulative mean per sparse step, max over
 ranks).
@@ -30,21 +31,17 @@ ranks).
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from commlab.algorithms.base import Algorithm, StepInfo
 from commlab.algorithms.tensors import flat_grads, write_grads
 from commlab.compress.base import k_for_density
 from commlab.compress.residual import ResidualMemory
-from commlab.core.communicator import Communicator
 from commlab.core.sparse import scatter_dense
-from commlab.core.stats import CommStats
 
 
 @dataclass
@@ -139,19 +136,17 @@ class SparseAlgorithm(Algorithm):
             self.window[f"sent_{name}"] += c["elements_sent"] - s0
 
     @contextmanager
-    def selecting(self, device: torch.device | None = None):
-        """Time a selection (to completion on CUDA) into comm.stats.selection_seconds; the block
-        sets ``box[0]`` to the number of entries it selected."""
+    def selecting(self):
+        """Time a selection with the run's clock (``ctx.clock``: to completion of the device's
+        work) into comm.stats.selection_seconds; the block sets ``box[0]`` to the number of
+        entries it selected."""
         box = [0]
-        if device is not None and device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
+        clock = self.ctx.clock
+        t0 = clock.mark()
         try:
             yield box
         finally:
-            if device is not None and device.type == "cuda":
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - t0
+            seconds = clock.seconds_since(t0)
             self.comm.stats.add_selection(box[0], seconds)
             self.window["select_seconds"] += seconds
 
@@ -201,10 +196,9 @@ class SparseAlgorithm(Algorithm):
         volume and the cumulative mean volume, max over the ranks (one allreduce of 2 numbers,
         kept out of the method's accounting; every rank calls metrics() at the same steps)."""
         mine = [out.get("step_volume_over_k", -1.0), out.get("volume_over_k_mean", -1.0)]
-        if self.comm.size > 1:
-            both = torch.tensor(mine, dtype=torch.float64, device=self.comm._count_device())
-            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=self.comm.group)
-            mine = both.tolist()
+        control = self.ctx.control
+        if control.size > 1:
+            mine = control.all_reduce(torch.tensor(mine, dtype=torch.float64, device=control.device), op="max").tolist()
         if steps:
             out["step_volume_over_k_max"] = mine[0]
         if self.totals.get("sparse_steps"):
@@ -215,10 +209,9 @@ class SparseAlgorithm(Algorithm):
         return {}
 
     def _probe(self, acc: torch.Tensor, update: torch.Tensor) -> float:
-        """||top-k(dense average of acc) - update|| / ||dense average||, via a dense allreduce on a
-        private Communicator so that the probe's traffic stays out of the method's accounting."""
-        probe_comm = Communicator(self.comm.group, scope=self.comm.scope, stats=CommStats(keep_calls=False))
-        dense = probe_comm.all_reduce(acc.clone(), op="avg")
+        """||top-k(dense average of acc) - update|| / ||dense average||, via a dense allreduce on the
+        control channel, so that the probe's traffic stays out of the method's accounting."""
+        dense = self.ctx.control.all_reduce(acc.clone(), op="avg")
         top = torch.topk(dense.abs(), min(self.k, self.n), sorted=False).indices
         best = torch.zeros_like(dense)
         best[top] = dense[top]

@@ -12,7 +12,10 @@ rank keeps two replicas:
 * the **local replica** (the model the loop trains): forward/backward run on it, and the loop's
   optimizer moves it with the worker's *own* gradient through a local rule
   (:mod:`commlab.algorithms.local_compensation`: plain, DC-ASGD or GLU, our reconstruction) at
-  ``local_lr_scale`` times the run's learning rate (4-5x in the papers' launch scripts).
+  ``local_lr_scale`` times the run's learning rate (4-5x in the papers' launch scripts): the
+  method declares that optimizer (SGD with ``local_momentum``, the run's weight decay and
+  ``lr_scale = local_lr_scale``) and the loop builds and steps it. The global replica's
+  optimizer is the run's, built with the context's builder (``ctx.build_optimizer``).
 
 Every ``k`` steps (``odsgd``: k = 1, ``ssdsgd``: k = 5 by default) the local replica is overwritten
 by the latest global replica *before* the local step, so at a refresh step ``t``::
@@ -46,17 +49,17 @@ async collectives were in flight before their wait was called), ``in_flight``,
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
 
 import torch
 
-from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.algorithms.local_compensation import LOCAL_RULES, LocalSGD
+from commlab.algorithms.base import Algorithm, OptimizerSettings, StepInfo
+from commlab.algorithms.local_compensation import LOCAL_RULES
 from commlab.algorithms.tensors import flatten, grad_buckets, unflatten_into
 from commlab.core.communicator import Pending
-from commlab.optim import build_optimizer, set_lr
 from commlab.registry import ALGORITHMS
 
 # Where GLU's "latest global gradient" comes from: the global replica's latest update divided by
@@ -125,11 +128,12 @@ class DelayedGlobalSGD(Algorithm):
         return 1
 
     # ---- construction -----------------------------------------------------------------------
-    def build_optimizer(self) -> torch.optim.Optimizer:
-        train = self.ctx.train
-        return LocalSGD(self.model.parameters(), lr=float(train["lr"]),
-                        lr_scale=self.options.local_lr_scale, momentum=self.options.local_momentum,
-                        weight_decay=float(train.get("weight_decay", 0.0)))
+    @classmethod
+    def loop_optimizer(cls, options: DelayedOptions, run: OptimizerSettings) -> OptimizerSettings:
+        """The local optimizer: SGD at ``local_lr_scale`` times the run's (scheduled) learning rate,
+        with ``local_momentum`` and the run's weight decay."""
+        return dataclasses.replace(run, name="sgd", lr_scale=options.local_lr_scale,
+                                   momentum=options.local_momentum, nesterov=False)
 
     def setup(self) -> None:
         super().setup()  # every replica starts from rank 0's parameters
@@ -138,7 +142,7 @@ class DelayedGlobalSGD(Algorithm):
         self.global_params = [p for p in self.global_model.parameters() if p.requires_grad]
         for gp in self.global_params:
             gp.grad = torch.zeros_like(gp)
-        self.global_opt = build_optimizer(self.global_params, self.ctx.train)
+        self.global_opt = self.ctx.build_optimizer(self.global_params)  # the run's optimizer
         position = {id(p): i for i, p in enumerate(self.params)}
         self.buckets = [[position[id(p)] for p in bucket]
                         for bucket in grad_buckets(self.params, int(self.options.bucket_mb * 2**20))]
@@ -257,10 +261,10 @@ class DelayedGlobalSGD(Algorithm):
 
     def _global_step(self, lr: float) -> None:
         """One synchronous SGD update of the global replica with the averaged gradient."""
-        set_lr(self.global_opt, lr)
-        clip = self.ctx.train.get("grad_clip")
-        if clip:
-            torch.nn.utils.clip_grad_norm_(self.global_params, clip)
+        for group in self.global_opt.param_groups:
+            group["lr"] = lr
+        if self.ctx.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.global_params, self.ctx.grad_clip)
         track = self.rule.needs_global_grad and self.options.glu_source == "update" and lr > 0
         before = flatten([gp.detach() for gp in self.global_params]) if track else None
         self.global_opt.step()

@@ -26,7 +26,7 @@ class TopkAllgather(SparseAlgorithm):
     comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
-        with self.selecting(acc.device) as box:
+        with self.selecting() as box:
             idx = torch.sort(exact_topk(acc, self.k)).values
             box[0] = idx.numel()
         self.note("local_selected", idx.numel())

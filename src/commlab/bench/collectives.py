@@ -4,7 +4,7 @@ Spec 2 part 11 (the Communicator must cost at most 5% over raw torch.distributed
 elements) and spec 8 part 1 (under a 1 Gbit/s emulated link, a 10M-float allreduce on 4 ranks
 takes the bandwidth-limited time; unshaped it is several times faster).
 
-Overhead table: 4 gloo ranks (``commlab.testing.run_distributed``) on loopback; per size, after
+Overhead table: 4 gloo ranks (``commlab.launch.ranks.run_ranks``) on loopback; per size, after
 warm-up, ``--repeats`` pairs of calls, the order of the two alternating from pair to pair
 (interleaved, so drift in machine load hits both alike), each call started after a barrier. A
 call's time is the slowest rank's; the table shows medians and ``ratio = communicator / raw``.
@@ -152,13 +152,13 @@ def network_check(workers: int, n: int, mbit: float, repeats: int, warmup: int) 
     """Allreduce of ``n`` floats on loopback, unshaped namespaces and ``mbit`` links vs the ring bound."""
     import tempfile
 
-    from commlab.testing import run_distributed
+    from commlab.launch.ranks import run_ranks
 
     reason = emulation_unavailable()
     if reason:
         return {"skipped": reason}
     rows = []
-    loop = combine(run_distributed(measure, workers, args=([n], repeats, warmup), timeout_s=600))[n]
+    loop = combine(run_ranks(measure, workers, args=([n], repeats, warmup), timeout_s=600))[n]
     rows.append({"network": "loopback", **loop})
     ring_bytes = 2 * (workers - 1) / workers * n * 4
     with tempfile.TemporaryDirectory(prefix="commlab-coll-") as scratch:
@@ -200,9 +200,9 @@ def collectives(argv: list[str], json_path: str | None = None) -> int:
     if args.workers < 2 or args.repeats < 1 or args.warmup < 0:
         parser.error("need --workers >= 2, --repeats >= 1, --warmup >= 0")
 
-    from commlab.testing import run_distributed
+    from commlab.launch.ranks import run_ranks
 
-    per_rank = run_distributed(measure, args.workers, args=(args.sizes, args.repeats, args.warmup), timeout_s=600)
+    per_rank = run_ranks(measure, args.workers, args=(args.sizes, args.repeats, args.warmup), timeout_s=600)
     rows = list(combine(per_rank).values())
     book = bookkeeping_seconds(world=args.workers)
     for r in rows:

@@ -5,7 +5,7 @@ Every worker calls :func:`init_runtime` once. It works in three situations:
 * under ``torchrun`` (RANK, WORLD_SIZE, MASTER_ADDR, ... set): joins the process group;
 * alone (no torchrun variables): becomes a world of one, still with a real process group so that
   every code path (the Communicator, the algorithms) runs unchanged;
-* inside tests, where :mod:`commlab.testing` sets the variables for spawned processes;
+* in processes spawned on one machine (:mod:`commlab.launch.ranks`), which set the variables;
 * restarted by torchrun (``max_restarts``): keys of the new group never meet the old one's.
 
 The backend is NCCL when CUDA is available and gloo otherwise, unless the config overrides it.
@@ -97,23 +97,6 @@ def _attempt_store(rank: int, world_size: int, timeout: _dt.timedelta, restart: 
     store, _, _ = next(dist.rendezvous("env://", rank=rank, world_size=world_size, timeout=timeout))
     store.set_timeout(timeout)
     return dist.PrefixStore(f"commlab/attempt_{restart}", store)
-
-
-WORKER_NAME = "commlab-rank{rank}"  # a training worker's process name (ps, top, /proc/PID/comm)
-
-
-def name_worker_process(rank: int) -> None:
-    """Name this process after its rank: workers forked from one server share its command line,
-    so the name is what tells them apart (commlab.testing.jobs.worker_pids finds them by it). Linux
-    only; elsewhere a no-op."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-        libc.prctl(15, WORKER_NAME.format(rank=rank).encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
-    except (OSError, AttributeError):
-        pass
 
 
 def shutdown_runtime() -> None:

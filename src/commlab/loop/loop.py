@@ -6,9 +6,10 @@ Launch (4 CPU workers, gloo)::
     python -m commlab train --config run.yaml          # alone: a world of one worker
 
 Read top to bottom: :func:`train` sets the process up; :class:`Run` builds a rank's data shard,
-model, optimizer, algorithm and logger (resuming from the rank's checkpoint when there is one);
-:func:`steps` is the step loop. A step is forward, backward, ``algo.after_backward`` (gradient
-sync), optimizer step, ``algo.after_step`` (model sync). Every ``train.log_every`` steps a log
+model, method (with the optimizer it declares: :mod:`.method`) and logger (resuming from the
+rank's checkpoint when there is one); :func:`steps` is the step loop. A step
+(:func:`~commlab.loop.method.take_step`) is forward, backward, ``algo.after_backward`` (gradient
+sync), clipping, optimizer step, ``algo.after_step`` (model sync). Every ``train.log_every`` steps a log
 point runs on every rank: one small control allreduce (outside the Communicator's accounting: it
 is instrumentation, not the method's traffic) averages the loss, spreads a SIGTERM to every rank
 so all checkpoint at the same step, and stops the run on a non-finite loss anywhere; then the
@@ -30,18 +31,18 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
-from commlab.algorithms.base import AlgoContext, StepInfo
+from commlab.algorithms.base import StepInfo
 from commlab.config import run_dir
-from commlab.core import CommStats, Communicator, init_runtime, seed_everything, shutdown_runtime
-from commlab.core.runtime import name_worker_process
+from commlab.core import CommStats, Communicator, ControlChannel, init_runtime, seed_everything, shutdown_runtime
 from commlab.loop.batches import RunData
 from commlab.loop.checkpoint import load_checkpoint, save_checkpoint
 from commlab.loop.display import ProgressDisplay
 from commlab.loop.evaluation import evaluate_on_main
 from commlab.loop.logger import open_logger
+from commlab.loop.method import backward, build_method, take_step
 from commlab.loop.metrics import NonFiniteLoss, control, step_metrics
+from commlab.loop.optim import lr_at
 from commlab.loop.outputs import write_outputs
 from commlab.loop.runstate import (
     EXIT_PREEMPTED,
@@ -54,9 +55,6 @@ from commlab.loop.runstate import (
     set_rng_state,
 )
 from commlab.models import build_model
-from commlab.optim import lr_at, set_lr
-from commlab.options import parse_options
-from commlab.registry import ALGORITHMS
 
 __all__ = ["EXIT_PREEMPTED", "Run", "steps", "train"]
 
@@ -66,7 +64,6 @@ def train(config: dict, sentinel=None, options=None) -> dict:
     parsed Options (parsed here when not given). A SIGTERM/SIGINT ends the run with a checkpoint
     and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
     rt = init_runtime(config["backend"], config["timeout_s"])
-    name_worker_process(rt.rank)
     stop = StopSignal()
     stop.install()
     try:
@@ -132,14 +129,12 @@ class Run:
         spec = data.spec
         self.model = build_model(config["model"], spec.channels, spec.num_classes, spec.image_size).to(rt.device)
         self.comm = Communicator(stats=CommStats())
-        algo_cls = ALGORITHMS.get(config["method"])
-        if options is None:
-            options = parse_options(algo_cls.Options, config.get("method_params"))
-        ctx = AlgoContext(rt, self.tcfg, config["seed"], data.steps_per_epoch, data.total_steps,
-                          extras={"workers_per_node": config["workers"]})
-        self.algo = algo_cls(self.model, self.comm, options, ctx)
-        self.optimizer = self.algo.optimizer = self.algo.build_optimizer()
-        self.algo.setup()
+        self.control = ControlChannel()  # the log point's allreduce: instrumentation, not counted
+        self.algo = build_method(config["method"], self.model, self.comm,
+                                 config.get("method_params") if options is None else options,
+                                 runtime=rt, train=self.tcfg, seed=config["seed"],
+                                 steps_per_epoch=data.steps_per_epoch, total_steps=data.total_steps,
+                                 workers_per_node=config["workers"], control=self.control)
 
         self.p = Progress()
         self.resume()
@@ -147,8 +142,10 @@ class Run:
         # The emulated link's figures (network.emulated) are params of their own: network_label, ...
         network = dict(config.get("network") or {})
         emulated = network.pop("emulated", None) or {}
-        params = {**config, "network": network or None, "method_params": dataclasses.asdict(options),
-                  "model_parameters": sum(t.numel() for t in self.model.parameters()), **emulated}
+        # The method adds what it derives from its options (the periodic family's schedule.*).
+        params = {**config, "network": network or None, "method_params": dataclasses.asdict(self.algo.options),
+                  "model_parameters": sum(t.numel() for t in self.model.parameters()), **emulated,
+                  **self.algo.run_params()}
         self.logger = open_logger(config, params, self.tags(), rt, self.p.run_id)
         self.p.run_id = self.logger.run_id
         self.display = ProgressDisplay(data.total_steps, self.p.step, config.get("name") or config["method"],
@@ -163,7 +160,7 @@ class Run:
             return
         check_fingerprint(state.get("fingerprint"), self.config, str(self.ckpt_dir))
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.algo.optimizer.load_state_dict(state["optimizer"])
         self.algo.load_state_dict(state["algorithm"])
         self.comm.stats.load_state_dict(state["stats"])
         set_rng_state(state["rng"])
@@ -194,21 +191,12 @@ class Run:
 
     def step(self, idx: torch.Tensor) -> None:
         """One optimizer step on this rank's samples ``idx``."""
-        p, algo, optimizer, stats = self.p, self.algo, self.optimizer, self.comm.stats.counters
+        p, algo, stats = self.p, self.algo, self.comm.stats.counters
         xb, yb = self.data.batch(idx, self.aug_gen, self.rt.device)
         self.lr = lr_at(p.step, self.data.steps_per_epoch, self.data.total_steps, self.tcfg)
-        set_lr(optimizer, self.lr)
-        info = StepInfo(p.step, p.epoch, self.lr)
 
         t0, comm0 = time.perf_counter(), stats["comm_seconds"] + stats["blocked_seconds"]
-        optimizer.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(algo.forward_model(xb), yb)
-        loss.backward()
-        algo.after_backward(info)
-        if self.tcfg.get("grad_clip"):
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg["grad_clip"])
-        optimizer.step()
-        algo.after_step(info)
+        loss = take_step(algo, StepInfo(p.step, p.epoch, self.lr), lambda: backward(algo, xb, yb))
         # Compute is the step minus the time in collectives and in waits for asynchronous ones.
         comm1 = stats["comm_seconds"] + stats["blocked_seconds"]
         p.compute_s += (time.perf_counter() - t0) - (comm1 - comm0)
@@ -226,7 +214,7 @@ class Run:
         """Every rank: the control allreduce, the method's metrics, rank 0's log. Returns whether
         all ranks stop now (a SIGTERM reached one of them); the checkpoint is then written."""
         p, rt = self.p, self.rt
-        mean_loss, stop_now, bad = control(p.window_loss, p.window_n, stop_requested, rt)
+        mean_loss, stop_now, bad = control(p.window_loss, p.window_n, stop_requested, self.control)
         if bad:
             raise NonFiniteLoss(f"non-finite training loss at step {p.step} (epoch {p.epoch}) on {bad} rank(s); "
                                 f"lower train.lr or enable train.grad_clip")
@@ -275,7 +263,7 @@ class Run:
 
     def checkpoint(self) -> None:
         save_checkpoint(self.ckpt_dir, self.p.step, self.rt.rank, self.rt.world_size, {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "model": self.model.state_dict(), "optimizer": self.algo.optimizer.state_dict(),
             "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(), "rng": rng_state(),
             "aug_rng": self.aug_gen.get_state(), "fingerprint": fingerprint(self.config),
             "progress": {**self.p.state_dict(), "wall_s": self.wall_s()},

@@ -5,6 +5,11 @@
 The config is loaded and validated (the method's options parsed once, here), then the loop runs.
 A bad config or missing data exits 2 with one message (printed by rank 0 only: under torchrun
 every rank hits the same error).
+
+Every worker names its process after its rank, ``commlab-rank<N>`` (:data:`WORKER_NAME`): the
+workers of one node are forked from one fork server and share its command line, so in ``ps``,
+``top`` or ``htop`` (and ``/proc/<pid>/comm``) the name is what tells the ranks apart, e.g. to
+watch one rank's CPU or to signal one rank.
 """
 
 from __future__ import annotations
@@ -22,6 +27,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
+WORKER_NAME = "commlab-rank{rank}"  # a training worker's process name (ps, top, /proc/PID/comm)
+
+
+def name_process(rank: int) -> None:
+    """Name this process :data:`WORKER_NAME` for ``rank`` (Linux; elsewhere a no-op)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        libc.prctl(15, WORKER_NAME.format(rank=rank).encode()[:15], 0, 0, 0)  # 15 = PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
 def _say_once(message: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr)
@@ -30,6 +50,8 @@ def _say_once(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train the config ``args`` name; the exit status."""
     from commlab.config import ConfigError, load_run
+
+    name_process(int(os.environ.get("RANK", "0")))  # torchrun's agent set RANK in this process
 
     try:
         config, options = load_run(args.config, args.overrides)

@@ -1,92 +1,45 @@
-"""Run a function on several gloo ranks in separate processes (for tests and benchmarks).
+"""The test kit: what the tests (and a developer rehearsing by hand) use, never the shipped code.
 
-    from commlab.testing import run_distributed
+* :func:`run_distributed`: run a function on several gloo ranks in separate processes
+  (:func:`commlab.launch.ranks.run_ranks`, with this kit preloaded in the fork server);
+* :func:`drive` (:mod:`.driver`): build a method and run its hooks exactly as the training loop
+  does, on batches or on gradients a test chooses;
+* :mod:`.jobs`: start, signal and reap whole ``commlab launch`` jobs; :mod:`.localslurm`: a SLURM
+  cluster on this machine (``make slurm-up``).
 
-    def body(rank, world, x):
-        comm = Communicator()
-        ...
-        return result            # must be picklable
+Production code never imports this package (tests/test_architecture.py checks)::
 
-    results = run_distributed(body, world_size=4, args=(x,))   # one result per rank, in rank order
+    from commlab.testing import drive, run_distributed
 
-Each process gets RANK/WORLD_SIZE/MASTER_* set, calls :func:`init_runtime` (gloo), runs ``fn``,
-and tears the group down. An exception on any rank is re-raised here with its traceback.
+    def body(rank, world):
+        driven = drive("ssgd", None, model=torch.nn.Linear(4, 2), steps=3, train={"lr": 0.1},
+                       grads=lambda step: [torch.full((2, 4), float(rank)), torch.zeros(2)])
+        return driven.model.weight.grad          # the average over the ranks: 0.5 everywhere
 
-The ranks are forked from a fork server that imported torch once (``forkserver`` start method):
-a fresh interpreter per rank (``spawn``) would pay torch's import, seconds of CPU, on every call,
-and plain ``fork`` of a process that has run torch ops can inherit a broken thread pool. The fork
-server starts with the caller's environment at the first call; each rank's RANK/WORLD_SIZE/
-MASTER_* are set in the rank itself. Where ``forkserver`` does not exist (Windows), ``spawn``.
+    results = run_distributed(body, world_size=2)
 """
 
 from __future__ import annotations
 
-import functools
-import io
-import os
-import traceback
+__all__ = ["Driven", "drive", "run_distributed", "set_grads"]
 
-import torch
-import torch.multiprocessing as mp
-
-from commlab.core.runtime import free_port, init_runtime, shutdown_runtime
-
-
-def _worker(rank, world_size, port, fn, args, queue, timeout_s):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    try:
-        init_runtime("gloo", timeout_s=timeout_s)
-        # Serialise here: tensors passed through the queue as shared memory would vanish when
-        # this process exits before the parent reads them.
-        buffer = io.BytesIO()
-        torch.save(fn(rank, world_size, *args), buffer)
-        queue.put((rank, "ok", buffer.getvalue()))
-    except BaseException:  # noqa: BLE001 - report everything to the parent
-        queue.put((rank, "error", traceback.format_exc()))
-    finally:
-        shutdown_runtime()
-
-
-# Imported once by the fork server, so that every rank starts with them loaded.
-PRELOAD = ["torch", "torch.distributed", "commlab.core", "commlab.testing"]
-
-
-@functools.cache
-def _start_context():
-    """The multiprocessing context of the ranks (one fork server per process, made on first use)."""
-    try:
-        ctx = mp.get_context("forkserver")
-    except ValueError:  # no fork server on this platform
-        return mp.get_context("spawn")
-    ctx.set_forkserver_preload(PRELOAD)
-    return ctx
+# Imported once by the ranks' fork server: torch, the core, and the driver (with the loop's step).
+# torch._dynamo: torch.optim imports it on the first optimizer it builds (seconds of CPU per rank).
+PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "commlab.core", "commlab.testing.driver")
 
 
 def run_distributed(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results."""
-    ctx = _start_context()
-    queue = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s))
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
-    results: dict[int, object] = {}
-    errors = []
-    try:
-        for _ in range(world_size):
-            rank, status, value = queue.get(timeout=timeout_s * 3)
-            if status == "ok":
-                results[rank] = torch.load(io.BytesIO(value), weights_only=False)
-            else:
-                errors.append(f"rank {rank}:\n{value}")
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    if errors:
-        raise RuntimeError("distributed test failed\n" + "\n".join(errors))
-    return [results[r] for r in range(world_size)]
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results
+    (an exception on any rank is re-raised here with its traceback)."""
+    from commlab.launch.ranks import run_ranks
+
+    return run_ranks(fn, world_size, args, timeout_s, preload=PRELOAD)
+
+
+def __getattr__(name: str):
+    # The driver imports torch and the loop: only when asked for (localslurm and jobs need neither).
+    if name in ("Driven", "drive", "set_grads"):
+        from commlab.testing import driver
+
+        return getattr(driver, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -127,8 +127,9 @@ def checkpoint_step(output_dir: str | Path) -> int | None:
 
 
 def worker_pids(job: subprocess.Popen) -> dict[int, int]:
-    """rank -> pid of the job's training workers (named by commlab.core.runtime.name_worker_process)."""
-    from commlab.core.runtime import WORKER_NAME
+    """rank -> pid of the job's training workers, found by the process name each worker takes
+    (:data:`commlab.loop.worker.WORKER_NAME`) among the processes below the launcher."""
+    from commlab.loop.worker import WORKER_NAME
 
     pattern = re.compile(WORKER_NAME.format(rank=r"(\d+)") + "$")
     ranks = {}

@@ -17,9 +17,9 @@ serves every daemon through a socket in the state directory; no system file outs
 ``/etc/netns/commlab-slurm-*`` is written. Accounting is real: slurmdbd on a throwaway MariaDB on
 the controller, so ``sacct`` and ``sacctmgr`` answer as on a site (account ``commlab``, user root).
 
-    python -m commlab.launch.localslurm up   [--dir /tmp/commlab-slurm] [--nodes 2]
+    python -m commlab.testing.localslurm up   [--dir /tmp/commlab-slurm] [--nodes 2]
     SLURM_CONF=/tmp/commlab-slurm/etc/slurm.conf sinfo
-    python -m commlab.launch.localslurm down [--dir /tmp/commlab-slurm]
+    python -m commlab.testing.localslurm down [--dir /tmp/commlab-slurm]
 
 Needs root, iproute2, util-linux (unshare, nsenter) and Debian's slurmctld, slurmd, slurm-client,
 slurmdbd, munge and mariadb-server (``make system-packages``).
@@ -111,7 +111,7 @@ class LocalCluster:
         nodes = "\n".join(f"NodeName={n} NodeAddr={self.address(n)} NodeHostname={n} CPUs={self.cpus} "
                           f"RealMemory={self.mem_mb} State=UNKNOWN" for n in self.node_names)
         self.conf.write_text(f"""\
-# Local test cluster (commlab.launch.localslurm); every path under {r}.
+# Local test cluster (commlab.testing.localslurm); every path under {r}.
 ClusterName=commlab
 SlurmctldHost={CTL_NAME}({CTL_ADDR})
 SlurmUser=root
@@ -219,7 +219,7 @@ LogFile={r}/log/slurmdbd.log
                                "as root (Debian: slurmctld slurmd slurm-client munge iproute2 util-linux)")
         if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0 or list_namespaces(PREFIX + "-"):
             raise ClusterError(f"a local SLURM cluster is already up (bridge {BRIDGE}, namespaces {PREFIX}-*): "
-                               "stop it first with `make slurm-down` (python -m commlab.launch.localslurm down)")
+                               "stop it first with `make slurm-down` (python -m commlab.testing.localslurm down)")
         try:
             self._write_config()
             self._build_network()
@@ -319,7 +319,7 @@ LogFile={r}/log/slurmdbd.log
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m commlab.launch.localslurm", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m commlab.testing.localslurm", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--dir", default=DEFAULT_DIR, help="state directory (config, spools, logs)")
     parser.add_argument("--nodes", type=int, default=2, help="compute nodes")
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             cluster.down()
     except ClusterError as err:
-        print(f"commlab.launch.localslurm: {err}", file=sys.stderr)
+        print(f"commlab.testing.localslurm: {err}", file=sys.stderr)
         return 1
     return 0
 
