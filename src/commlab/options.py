@@ -10,13 +10,13 @@ An Options class may accept other names for some of its fields (a paper's names)
 
 Example::
 
+    >>> from dataclasses import dataclass
     >>> @dataclass
     ... class Options:
-    ...     ALIASES: ClassVar[dict[str, Alias]] = {"k": Alias("period"),
-    ...                                            "average_buffers": Alias("buffers", {True: "average",
-    ...                                                                                 False: "keep_local"})}
     ...     period: int = 16
     ...     buffers: str = "average"
+    >>> Options.ALIASES = {"k": Alias("period"),    # in a method: ALIASES: ClassVar[...] = {...}
+    ...                    "average_buffers": Alias("buffers", {True: "average", False: "keep_local"})}
     >>> parse_options(Options, {"k": 4, "average_buffers": False})
     Options(period=4, buffers='keep_local')
 """

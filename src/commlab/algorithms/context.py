@@ -47,9 +47,10 @@ class OptimizerSettings:
     Example::
 
         >>> run = OptimizerSettings("sgd", lr=0.1, momentum=0.9)
-        >>> dataclasses.replace(run, momentum=0.0, weight_decay=0.0)   # plain SGD at the run's lr
-        OptimizerSettings(name='sgd', lr=0.1, momentum=0.0, nesterov=False, weight_decay=0.0, betas=(0.9, 0.999), lr_scale=1.0)
-    """  # noqa: E501
+        >>> plain = dataclasses.replace(run, momentum=0.0, weight_decay=0.0)   # plain SGD at the run's lr
+        >>> plain.lr, plain.momentum
+        (0.1, 0.0)
+    """
 
     name: str = "sgd"
     lr: float = 0.05
