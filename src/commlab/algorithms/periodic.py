@@ -4,19 +4,21 @@ K-step averaging and its hierarchical form (``kstep``, ``kstep_hier``), constant
 
 They share everything but the schedule, and one vocabulary, torch's model_averaging's:
 ``period`` (steps between global reductions), ``local_period`` (between local ones),
-``warmup_steps``, ``final_average`` (a global reduction after the last step), and the policies
-``buffers`` and ``optimizer_state`` (``average`` | ``keep_local``); :class:`FamilyOptions` holds
-the ones every member has. Every run logs the schedule's normalised periods as the MLflow params
-``schedule.kind`` (``fixed`` | ``adaptive``), ``schedule.period`` (the global period; adaptive:
-the initial one) and ``schedule.local_period`` (the global period when there are no local
-reductions), whatever the method's option names. Each worker takes local optimizer steps; after a step the
-method's :class:`Schedule` says whether a reduction is due and over which scope (``"global"``:
-the world; ``"local"``: the worker's group); a reduction then averages, in one allreduce per
-dtype, the parameters and, by the method's :class:`AveragingPolicy`, the floating buffers (BN
-statistics) and the optimizer's per-parameter state, optionally probing the parameter variance
-V = mean_i ||x_i - x_bar||^2 (one scalar allreduce, part of the same reduction) that ADPSGD's rule
-reads. Options that only K-step averaging has (block momentum on the global update, synchronous
-warm-up steps, evaluating the world average) are hooks here that the other methods leave off.
+``warmup_steps`` (synchronous steps first: K-step), ``final_average`` (a global reduction after
+the last step), and the policies ``buffers`` and ``optimizer_state`` (``average`` |
+``keep_local``); :class:`FamilyOptions` holds the ones every member has. Every run logs the
+schedule's normalised periods as the MLflow params ``schedule.kind`` (``fixed`` | ``adaptive``),
+``schedule.period`` (the global period; adaptive: the initial one) and ``schedule.local_period``
+(the global period when there are no local reductions), whatever the method's option names.
+
+Each worker takes local optimizer steps; after a step the method's :class:`Schedule` says whether
+a reduction is due and over which scope (``"global"``: the world; ``"local"``: the worker's
+group); a reduction then averages, in one allreduce per dtype, the parameters and, by the
+method's :class:`AveragingPolicy`, the floating buffers (BN statistics) and the optimizer's
+per-parameter state, optionally probing the parameter variance V = mean_i ||x_i - x_bar||^2 (one
+scalar allreduce, part of the same reduction) that ADPSGD's rule reads. Options that only K-step
+averaging has (block momentum on the global update, synchronous warm-up steps, evaluating the
+world average) are hooks here that the other methods leave off.
 
 A new schedule is one :class:`Schedule` subclass (``due``; ``after_sync`` if it learns from the
 variance), and a new method of the family one subclass of :class:`PeriodicAveraging` naming its

@@ -9,11 +9,12 @@ Read top to bottom: :func:`train` sets the process up; :class:`Run` builds a ran
 model, method (with the optimizer it declares: :mod:`.method`) and logger (resuming from the
 rank's checkpoint when there is one); :func:`steps` is the step loop. A step
 (:func:`~commlab.loop.method.take_step`) is forward, backward, ``algo.after_backward`` (gradient
-sync), clipping, optimizer step, ``algo.after_step`` (model sync). Every ``train.log_every`` steps a log
-point runs on every rank: one small control allreduce (outside the Communicator's accounting: it
-is instrumentation, not the method's traffic) averages the loss, spreads a SIGTERM to every rank
-so all checkpoint at the same step, and stops the run on a non-finite loss anywhere; then the
-method's ``metrics()`` (on every rank: a method may reduce there) and rank 0's log.
+sync), clipping, optimizer step, ``algo.after_step`` (model sync). Every ``train.log_every``
+steps a log point runs on every rank: one small allreduce on the control channel (outside the
+Communicator's accounting: it is instrumentation, not the method's traffic) averages the loss,
+spreads a SIGTERM to every rank so all checkpoint at the same step, and stops the run on a
+non-finite loss anywhere; then the method's ``metrics()`` (on every rank: a method may reduce
+there) and rank 0's log.
 
 Resume and faults (docs/cluster.md): a checkpoint at every epoch end (and on SIGTERM) holds the
 model, optimizer, algorithm state, communication counters, RNG states, data position, running
