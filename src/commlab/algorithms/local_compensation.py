@@ -33,6 +33,8 @@ from __future__ import annotations
 
 import torch
 
+from commlab.algorithms.tensors import restore_into
+
 
 class LocalSGD(torch.optim.SGD):
     """torch SGD whose step size is the loop's learning rate times ``lr_scale``.
@@ -81,8 +83,8 @@ class LocalRule:
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
+    def load_state_dict(self, state: dict, device: torch.device | None = None) -> None:
+        """Restore :meth:`state_dict`'s tensors onto ``device`` (the replica's)."""
 
 
 class PlainLocal(LocalRule):
@@ -119,8 +121,8 @@ class DelayCompensated(LocalRule):
     def state_dict(self) -> dict:
         return {"mean_square": self.mean_square}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.mean_square = state.get("mean_square")
+    def load_state_dict(self, state: dict, device: torch.device | None = None) -> None:
+        self.mean_square = restore_into(self.mean_square, state.get("mean_square"), device)
 
 
 class GlobalGradientLocal(LocalRule):

@@ -32,12 +32,12 @@ import torch.multiprocessing as mp
 from commlab.core.runtime import free_port, init_runtime, shutdown_runtime
 
 
-def _worker(rank, world_size, port, fn, args, queue, timeout_s):
+def _worker(rank, world_size, port, fn, args, queue, timeout_s, backend="gloo", device="cpu"):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
-        init_runtime("gloo", timeout_s=timeout_s)
+        init_runtime(backend, timeout_s=timeout_s, device=device)
         # Serialise here: tensors passed through the queue as shared memory would vanish when
         # this process exits before the parent reads them.
         buffer = io.BytesIO()
@@ -64,12 +64,15 @@ def _start_context():
     return ctx
 
 
-def run_distributed(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results."""
+def run_distributed(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0, backend: str = "gloo",
+                    device: str = "cpu") -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks (gloo on the CPU unless ``backend``
+    / ``device`` say otherwise: ``device="cuda"`` puts gloo ranks on the GPUs, NCCL needs one GPU per
+    rank); return per-rank results."""
     ctx = _start_context()
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s))
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s, backend, device))
              for r in range(world_size)]
     for p in procs:
         p.start()
