@@ -6,7 +6,7 @@ FMNIST := /usr/share/datasets/fashion-mnist
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
 
-.PHONY: all run test smoke report bench lint mlflow-ui system-packages test-packages apt-run apt-test \
+.PHONY: all run test test-gpu smoke report bench lint mlflow-ui system-packages test-packages apt-run apt-test \
     clean-results slurm-up slurm-down
 
 all: run
@@ -62,6 +62,11 @@ smoke: .venv/.installed system-packages
 
 test: .venv/.installed test-packages
 	.venv/bin/pytest -q
+
+# The GPU suite: tests/test_gpu_*.py, marked gpu, each skipping cleanly without CUDA. On a machine whose own Python
+# has PyTorch with CUDA: make test-gpu PY=python3 (the project's sources are put on its path).
+test-gpu: $(if $(filter .venv/bin/python,$(PY)),.venv/.installed)
+	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_*.py
 
 report: .venv/.installed
 	.venv/bin/snakemake --cores $(CORES) --profile workflow/profiles/default --report reports/snakemake_report.html

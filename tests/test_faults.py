@@ -7,6 +7,7 @@ is the one that died rank 1 does. Launching the same config again resumes from t
 checkpoint and finishes the same MLflow run.
 """
 
+import json
 import os
 import re
 import signal
@@ -46,17 +47,26 @@ def _status(uri, run_id):
     return MlflowClient(uri).get_run(run_id).info.status
 
 
-@pytest.mark.parametrize("victim", [2, 0])
-def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
+def _faults_job(tmp_path, workers: int = 4, **extra):
+    """A fresh MLflow store with the ``faults`` experiment and an ssgd run config of 16 steps per
+    epoch (3 epochs, slowed down so that a signal lands mid-run); returns (config, out, log, uri)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     from commlab.tracking import ensure_experiments
 
     ensure_experiments(["faults"], uri)
     out, log = tmp_path / "run", tmp_path / "job.log"
     cfg = write_config(
-        tmp_path / "run.yaml", paper="faults", method="ssgd", seed=1, workers=4, model="mlp", dataset="synthetic",
-        backend="gloo", timeout_s=TIMEOUT_S, output_dir=str(out), testing={"step_delay_s": 0.1},
-        train={"epochs": 3, "batch_size": 8, "lr": 0.05, "train_subset": 512, "test_subset": 128, "log_every": 4})
+        tmp_path / "run.yaml", paper="faults", method="ssgd", seed=1, workers=workers, model="mlp",
+        dataset="synthetic", backend="gloo", timeout_s=TIMEOUT_S, output_dir=str(out),
+        testing={"step_delay_s": 0.1}, **extra,
+        train={"epochs": 3, "batch_size": 8, "lr": 0.05, "train_subset": 128 * workers, "test_subset": 128,
+               "log_every": 4})
+    return cfg, out, log, uri
+
+
+@pytest.mark.parametrize("victim", [2, 0])
+def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
+    cfg, out, log, uri = _faults_job(tmp_path)
     env = {"MLFLOW_TRACKING_URI": uri}
     job = start_job(["launch", "--config", str(cfg)], log, env=env)
     jobs.append(job)
@@ -92,16 +102,7 @@ def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
 def test_max_restarts_restarts_dead_workers_from_the_checkpoint(tmp_path, jobs):
     """With max_restarts: 1 torchrun restarts the workers after rank 1 dies; they resume from the
     last checkpoint on a fresh process group and finish the same MLflow run."""
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    from commlab.tracking import ensure_experiments
-
-    ensure_experiments(["faults"], uri)
-    out, log = tmp_path / "run", tmp_path / "job.log"
-    cfg = write_config(
-        tmp_path / "run.yaml", paper="faults", method="ssgd", seed=1, workers=4, model="mlp", dataset="synthetic",
-        backend="gloo", timeout_s=TIMEOUT_S, output_dir=str(out), max_restarts=1,
-        testing={"step_delay_s": 0.1},
-        train={"epochs": 3, "batch_size": 8, "lr": 0.05, "train_subset": 512, "test_subset": 128, "log_every": 4})
+    cfg, out, log, uri = _faults_job(tmp_path, max_restarts=1)
     job = start_job(["launch", "--config", str(cfg)], log,
                     env={"MLFLOW_TRACKING_URI": uri})
     jobs.append(job)
@@ -117,3 +118,27 @@ def test_max_restarts_restarts_dead_workers_from_the_checkpoint(tmp_path, jobs):
     state = torch.load(out / "checkpoints" / f"step_{3 * STEPS_PER_EPOCH}" / "rank0.pt", weights_only=False)
     assert state["progress"]["run_id"] == run_id  # the restarted workers continued the same run
     assert _status(uri, run_id) == "FINISHED"
+
+
+def test_aborted_workers_leave_the_run_failed_naming_the_rank(tmp_path, jobs):
+    """Every worker dies of SIGABRT at once, as NCCL's watchdog aborts each rank on a collective
+    timeout: no worker can mark the MLflow run, so the launcher that survives them does, FAILED
+    with the failing rank and the signal named."""
+    from commlab.tracking import RUN_RECORD, client
+
+    cfg, out, log, uri = _faults_job(tmp_path, workers=2)
+    job = start_job(["launch", "--config", str(cfg)], log, env={"MLFLOW_TRACKING_URI": uri})
+    jobs.append(job)
+    wait_for(lambda: checkpoint_step(out) == STEPS_PER_EPOCH, job=job, timeout=300)
+    run_id = json.loads((out / RUN_RECORD).read_text())["run_id"]
+    pids = worker_pids(job)
+    for pid in pids.values():
+        os.kill(pid, signal.SIGABRT)
+    rc = reap(job, timeout=TIMEOUT_S + 120)
+    text = log.read_text()
+    assert rc == 1, text[-3000:]
+    run = client(uri).get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["failed_rank"] in ("0", "1")
+    assert run.data.tags["failure"] == f"worker rank {run.data.tags['failed_rank']} died with SIGABRT", run.data.tags
+    assert f"MLflow run {run_id} marked FAILED: worker rank" in text

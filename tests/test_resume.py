@@ -146,3 +146,50 @@ def test_killed_and_preempted_run_resumes_exactly(tmp_path, method, jobs):
     assert [s for s, _ in hist["test_accuracy"]] == [16, 32, 48]
     assert {k: v for k, v in sentinel["final"].items() if not is_timing(k)} == \
         {k: v for k, v in ref_sentinel["final"].items() if not is_timing(k)}
+
+
+def _as_if_saved_on(path, location: str) -> None:
+    """Rewrite a checkpoint file so that every tensor in it claims to come from ``location`` (a GPU
+    checkpoint read on this CPU-only machine, or on a node whose GPU index differs)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    real = torch.serialization.location_tag
+    torch.serialization.location_tag = lambda storage: location
+    try:
+        torch.save(state, path)
+    finally:
+        torch.serialization.location_tag = real
+
+
+def test_a_checkpoint_from_another_device_resumes_bit_exactly(tmp_path, jobs):
+    """A world of one (SSD-SGD: a global replica, lazily created GLU state) killed after epoch 1; its
+    checkpoint is made to claim it was written on cuda:1, and the re-launch on this CPU loads it
+    with map_location into the run's live tensors and ends bit for bit like an uninterrupted run."""
+    from commlab.testing.quick import quick_run_config
+
+    method = "ssdsgd" if "ssdsgd" in ALGORITHMS else "ssgd"
+    ref = quick_run_config(method, tmp_path / "ref")
+    cfg = {**quick_run_config(method, tmp_path / "run"), "testing": {"step_delay_s": 0.1}}
+    ref_job = start_job(["train", "--config", str(write_config(tmp_path / "ref.yaml", **ref))], tmp_path / "ref.log")
+    jobs.append(ref_job)
+    job = start_job(["train", "--config", str(write_config(tmp_path / "run.yaml", **cfg))], tmp_path / "run.log")
+    jobs.append(job)
+    out = tmp_path / "run"
+    wait_for(lambda: checkpoint_step(out) == 16, job=job, timeout=300)
+    signal_job(job, signal.SIGKILL)
+    reap(job)
+    saved = out / "checkpoints" / "step_16" / "rank0.pt"
+    _as_if_saved_on(saved, "cuda:1")
+    with pytest.raises(RuntimeError, match="CUDA"):  # what a load without map_location meets
+        torch.load(saved, weights_only=False)
+
+    job = start_job(["train", "--config", str(tmp_path / "run.yaml")], tmp_path / "run.log")
+    jobs.append(job)
+    assert reap(job, timeout=300) == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert reap(ref_job, timeout=300) == 0, (tmp_path / "ref.log").read_text()[-3000:]
+    assert "resuming from the checkpoint at step 16" in (tmp_path / "run.log").read_text()
+    ours, theirs = _final_state(out, 0), _final_state(tmp_path / "ref", 0)
+    assert ours["progress"]["step"] == theirs["progress"]["step"] == 32
+    for key, value in theirs["model"].items():
+        assert torch.equal(ours["model"][key], value), key
+    for key, value in theirs["algorithm"].get("global_model", {}).items():
+        assert torch.equal(ours["algorithm"]["global_model"][key], value), key

@@ -9,6 +9,7 @@ the order and results are compared with torch.equal.
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -18,6 +19,7 @@ from commlab.core.sparse import (
     allgatherv_pairs,
     balanced_boundaries,
     equal_boundaries,
+    reduce_pairs,
     split_and_reduce,
 )
 from commlab.testing import run_distributed
@@ -155,3 +157,36 @@ def test_indices_above_2_pow_24_survive():
     assert torch.equal(reduced_idx, torch.unique(every_idx))
     assert torch.equal(reduced_val.double(), total[reduced_idx])
     assert (reduced_idx % 2 == 1).any() and int(reduced_idx.max()) == BIG - 1
+
+
+def _gathered_pairs(ranks: int, k: int, n: int, seed: int, dtype=torch.float32):
+    """What an allgatherv hands every rank: each rank's k distinct indices, many shared by 3 or more
+    ranks (drawn from a small pool), with heavy-tailed values, concatenated in rank order."""
+    g = torch.Generator().manual_seed(seed)
+    pool = torch.unique(torch.randint(0, n, (4 * k,), generator=g))[: 2 * k]
+    pool = pool[torch.randperm(pool.numel(), generator=g)]
+    idx = torch.cat([pool[torch.randperm(2 * k, generator=g)[:k]] for _ in range(ranks)])
+    val = (torch.randn(ranks * k, generator=g) * torch.exp(3 * torch.randn(ranks * k, generator=g))).to(dtype)
+    return idx, val
+
+
+@pytest.mark.parametrize("n,dtype", [(10_000, torch.float32), (3 * 2**31, torch.float32), (10_000, torch.float64)])
+def test_reduce_pairs_does_not_depend_on_the_order_pairs_arrive_in(n, dtype):
+    """Replicas that reduce the same gathered pairs must agree bit for bit whatever order the pairs
+    reach them in: the guarantee CUDA's atomic index_add_ lacks."""
+    idx, val = _gathered_pairs(ranks=8, k=500, n=n, seed=1, dtype=dtype)
+    shared = torch.unique(idx, return_counts=True)[1]
+    assert int((shared >= 3).sum()) > 100  # the case that matters: 3+ ranks chose the index
+    u, s = reduce_pairs(idx, val, n)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(5):
+        perm = torch.randperm(idx.numel(), generator=g)
+        u2, s2 = reduce_pairs(idx[perm], val[perm], n)
+        assert torch.equal(u, u2) and torch.equal(s, s2)  # bitwise
+        u3, s3 = reduce_pairs(idx[perm], val[perm])  # without the bound on the indices: two sorts, same sums
+        assert torch.equal(u, u3) and torch.equal(s, s3)
+    if n < 2**20:  # the sums themselves, against float64 ones
+        reference = torch.zeros(n, dtype=torch.float64).index_add_(0, idx, val.double())
+        assert torch.equal(u, torch.unique(idx))
+        torch.testing.assert_close(s.double(), reference[u], rtol=1e-6 if dtype == torch.float32 else 1e-12,
+                                   atol=1e-6 * float(val.abs().max()))

@@ -193,15 +193,55 @@ def _prepared_folder(data_dir: str | None, name: str | None) -> Path | None:
     return folder if folder and folder.is_dir() else None
 
 
-def mark_failed(run_id: str, configured: str | None = None) -> bool:
-    """Mark ``run_id`` FAILED if it is still RUNNING (for a rank other than the dead rank 0);
-    ``configured`` is the config's ``tracking.uri``. Returns whether it changed the status."""
+def mark_failed(run_id: str, configured: str | None = None, reason: str | None = None,
+                rank: int | None = None) -> bool:
+    """Mark ``run_id`` FAILED if it is still RUNNING (for a rank other than the dead rank 0, or the
+    launcher after every worker died); ``configured`` is the config's ``tracking.uri``. ``reason``
+    and ``rank``, when given, become the run's ``failure`` and ``failed_rank`` tags (also on a run
+    a worker already marked FAILED). Returns whether it changed the status."""
     c = client(tracking_uri(configured))
     run = with_retries(c.get_run, run_id, what="get run")
+    if run.info.status not in ("RUNNING", "FAILED"):
+        return False  # finished, or preempted (KILLED): a later failure of the job is not the run's
+    for key, value in (("failure", reason), ("failed_rank", rank)):
+        if value is not None:
+            with_retries(c.set_tag, run_id, key, str(value), what=f"tag run {key}")
     if run.info.status != "RUNNING":
         return False
     with_retries(c.set_terminated, run_id, status="FAILED", what="mark run FAILED")
     return True
+
+
+RUN_RECORD = "mlflow_run.json"  # in the run's folder: which MLflow run its workers log to
+
+
+def write_run_record(folder: str | Path, run_id: str, configured: str | None = None) -> None:
+    """Rank 0, once its MLflow run is open: note the run id and store in the run's folder, so that
+    the launcher can close the run when every worker died (an NCCL watchdog aborts them all)."""
+    path = Path(folder) / RUN_RECORD
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"run_id": run_id, "uri": tracking_uri(configured)}))
+    os.replace(tmp, path)
+
+
+def record_failure(folder: str | Path, reason: str, rank: int | None = None) -> str | None:
+    """The launcher's last word on a job whose workers failed: the run named by the folder's
+    :data:`RUN_RECORD` is marked FAILED if still RUNNING and tagged with ``reason`` and the failing
+    ``rank``. Returns the run id, or None when there is no record (the run never opened) or the
+    store cannot be reached (said on stderr: the job's own failure is what matters)."""
+    path = Path(folder) / RUN_RECORD
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    try:
+        mark_failed(record["run_id"], record.get("uri"), reason, rank)
+    except Exception as err:  # noqa: BLE001 - never mask the job's failure
+        print(f"[commlab launch] could not mark MLflow run {record.get('run_id')} FAILED: {err}",
+              file=sys.stderr, flush=True)
+        return None
+    return record["run_id"]
 
 
 class RunTracker:

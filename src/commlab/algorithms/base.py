@@ -145,6 +145,18 @@ class Algorithm:
         ``schedule.period``, ...). Called once, after :meth:`setup`."""
         return {}
 
+    #: Where :meth:`replicated_tensors` live in a rank's checkpoint (``"model"``: the loop's model
+    #: parameters; ``"algorithm.global_model"``: SSD/OD-SGD's global replica).
+    replica_key: str = "model"
+
+    def replicated_tensors(self) -> list[torch.Tensor]:
+        """The tensors this method keeps bitwise equal on every rank: after every step for the
+        gradient-synchronising methods, after :meth:`finish` for those that average on a schedule
+        (with their final average). Default: the model's parameters. Replicas stay equal only if
+        every rank computes the same update from the same gathered data in the same order, so
+        reductions that ranks compute on their own are deterministic (``core.sparse.reduce_pairs``)."""
+        return list(self.model.parameters())
+
     # ---- checkpointing ----------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {}

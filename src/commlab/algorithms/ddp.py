@@ -36,10 +36,14 @@ class DDP(Algorithm):
         # Start from rank 0's replica through the Communicator (counted) instead of DDP's own
         # uncounted initial broadcast.
         super().setup()
-        device_ids = [self.ctx.runtime.local_rank] if self.ctx.runtime.device.type == "cuda" else None
+        device = self.ctx.runtime.device
+        # The rank's own GPU (several gloo ranks may share one), gradients as views into DDP's
+        # buckets (no copy between them: what a GPU user runs), and no buffer broadcast at every
+        # forward, as ssgd does not do one either (BatchNorm statistics stay per rank in both).
         self._ddp = DistributedDataParallel(
-            self.model, device_ids=device_ids, bucket_cap_mb=self.options.bucket_mb,
-            forward_sync_buffers=True, init_sync=False,
+            self.model, device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=self.options.bucket_mb, broadcast_buffers=False, gradient_as_bucket_view=True,
+            init_sync=False,
         )
         self._numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self._esize = next(self.model.parameters()).element_size()

@@ -53,7 +53,7 @@ class GaussianK(SparseAlgorithm):
         self.note("local_selected", idx.numel())
         with self.phase("allgather"):
             all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, acc[idx], self.n)
-        u_idx, u_val = reduce_pairs(all_idx, all_val)
+        u_idx, u_val = reduce_pairs(all_idx, all_val, self.n)
         self.note("global_selected", u_idx.numel())
         return SparseUpdate(u_idx, u_val / self.comm.size, idx)
 

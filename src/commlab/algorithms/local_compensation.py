@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import torch
 
+from commlab.algorithms.tensors import restore_into
+
 
 class LocalRule:
     """Base class: turns the worker's own gradient into the local direction (flat tensors)."""
@@ -50,8 +52,8 @@ class LocalRule:
     def state_dict(self) -> dict:
         return {}
 
-    def load_state_dict(self, state: dict) -> None:
-        pass
+    def load_state_dict(self, state: dict, device: torch.device | None = None) -> None:
+        """Restore :meth:`state_dict`'s tensors onto ``device`` (the replica's)."""
 
 
 class PlainLocal(LocalRule):
@@ -88,8 +90,8 @@ class DelayCompensated(LocalRule):
     def state_dict(self) -> dict:
         return {"mean_square": self.mean_square}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.mean_square = state.get("mean_square")
+    def load_state_dict(self, state: dict, device: torch.device | None = None) -> None:
+        self.mean_square = restore_into(self.mean_square, state.get("mean_square"), device)
 
 
 class GlobalGradientLocal(LocalRule):

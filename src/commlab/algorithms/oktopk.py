@@ -200,6 +200,7 @@ class OkTopk(SparseAlgorithm):
             thr = self.global_.value
             keep = passing(r_val, mags, thr) if thr is not None else torch.zeros_like(mags, dtype=torch.bool)
         with self.phase("allgather"):  # every rank's kept count and volume so far, in one allgather
+            # host-side: two counts, read on the host right after (gathered on the communicator's device)
             mine = torch.tensor([int(keep.sum()), self.step_sent()], dtype=torch.int64)
             if p > 1:
                 mine = self.comm.all_gather(mine.to(self.comm.device)).cpu()

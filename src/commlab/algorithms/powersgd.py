@@ -90,6 +90,8 @@ class PowerSGD(Algorithm):
         self.errors = [torch.zeros(p.shape[0], p[0].numel(), dtype=p.dtype, device=p.device)
                        for p in self.low_rank]
         self.qs: list[torch.Tensor] | None = None  # set on the first compressed step
+        # host-side: the starting factors are drawn on the CPU from the shared seed, so that every
+        # rank, on any device, starts from the same Q (drawn once per restart of the factors)
         self.generator = torch.Generator().manual_seed(self.ctx.seed + Q_INIT_STREAM)
 
     def _ranks(self) -> list[int]:
@@ -97,7 +99,7 @@ class PowerSGD(Algorithm):
 
     def _fresh_qs(self) -> list[torch.Tensor]:
         """Random orthonormal starting factors, drawn on CPU from the shared seed (same on every rank)."""
-        return [orthonormalize_columns(torch.randn(p[0].numel(), r, generator=self.generator)
+        return [orthonormalize_columns(torch.randn(p[0].numel(), r, generator=self.generator)  # host-side: shared draw
                                        .to(p.device, p.dtype), self.options.epsilon)
                 for p, r in zip(self.low_rank, self._ranks(), strict=True)]
 
@@ -146,7 +148,8 @@ class PowerSGD(Algorithm):
                 e.copy_(m - approx)
             self.qs.append(q)
             m.copy_(approx)
-        write_grads(self.low_rank, torch.cat([m.reshape(-1) for m in ms]) if ms else torch.empty(0))
+        if ms:
+            write_grads(self.low_rank, torch.cat([m.reshape(-1) for m in ms]))
         write_grads(self.dense, dense_mean)
 
     def metrics(self) -> dict[str, float]:
@@ -161,5 +164,6 @@ class PowerSGD(Algorithm):
         if "errors" in state:
             for e, saved in zip(self.errors, state["errors"], strict=True):
                 e.copy_(saved)
-            self.qs = None if state["qs"] is None else [q.clone() for q in state["qs"]]
+            self.qs = None if state["qs"] is None else \
+                [q.to(e.device, copy=True) for q, e in zip(state["qs"], self.errors, strict=True)]
             self.generator.set_state(state["generator"])

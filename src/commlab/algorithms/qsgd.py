@@ -61,7 +61,7 @@ class QSGD(Algorithm):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
         self.quantizer = QSGDQuantizer(o.bits, o.levels, o.bucket_size, o.norm)
-        self.generator = rank_generator(self.ctx.seed, self.comm.rank, QSGD_STREAM)
+        self.generator = rank_generator(self.ctx.seed, self.comm.rank, QSGD_STREAM, self.params[0].device)
 
     def after_backward(self, info: StepInfo) -> None:
         flat = flat_grads(self.params)

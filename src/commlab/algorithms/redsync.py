@@ -62,7 +62,7 @@ import torch
 from commlab.algorithms.base import Algorithm, OptimizerSettings, StepInfo
 from commlab.compress.base import index_dtype, k_for_density
 from commlab.compress.binary_search import BinarySearchSelector
-from commlab.core.sparse import allgatherv_pairs
+from commlab.core.sparse import allgatherv_pairs, reduce_pairs
 from commlab.registry import ALGORITHMS, SELECTORS
 
 WARMUP_DENSITIES = [0.25, 0.0625, 0.015625, 0.004]  # DGC's exponential warm-up, one per stage
@@ -297,7 +297,11 @@ class RedSync(Algorithm):
         else:
             values = torch.cat([v for _, v in messages])
             all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, values, self.n_compressed)
-            out.index_add_(0, all_idx, all_val / p)  # divide the few values, not the dense sum
+            # Every rank sums the same pairs on its own: in a canonical order, so that replicas stay
+            # bitwise equal (CUDA's index_add_ adds duplicates in no fixed order). Divide the few
+            # values, not the dense sum.
+            u_idx, u_val = reduce_pairs(all_idx, all_val / p, self.n_compressed)
+            out.index_copy_(0, u_idx, u_val)
         for layer in layers:
             self._write_grad(layer, out[layer.offset:layer.offset + layer.n])
 

@@ -58,7 +58,7 @@ import torch
 
 from commlab.algorithms.base import Algorithm, OptimizerSettings, StepInfo
 from commlab.algorithms.local_compensation import LOCAL_RULES
-from commlab.algorithms.tensors import flatten, grad_buckets, unflatten_into
+from commlab.algorithms.tensors import flatten, grad_buckets, restore_into, unflatten_into
 from commlab.core.communicator import Pending
 from commlab.registry import ALGORITHMS
 
@@ -297,14 +297,23 @@ class DelayedGlobalSGD(Algorithm):
                 "version": self.version, "base_version": self.base_version,
                 "counters": dict(self.counters), "last": dict(self.last)}
 
+    replica_key = "algorithm.global_model"
+
+    def replicated_tensors(self) -> list[torch.Tensor]:
+        """The global replica: every rank applies the same averaged gradient to it (the local
+        replicas differ by design between refreshes)."""
+        return list(self.global_model.parameters())
+
     def load_state_dict(self, state: dict) -> None:
         self.in_flight = []
         self.global_model.load_state_dict(state["global_model"])
         self.global_opt.load_state_dict(state["global_optimizer"])
         for gp, g in zip(self.global_params, state["global_grads"], strict=True):
             gp.grad.copy_(g)
-        self.global_grad, self.last_update = state["global_grad"], state["last_update"]
-        self.rule.load_state_dict(state["rule"])
+        device = self.global_params[0].device
+        self.global_grad = restore_into(self.global_grad, state["global_grad"], device)
+        self.last_update = restore_into(self.last_update, state["last_update"], device)
+        self.rule.load_state_dict(state["rule"], device)
         self.version, self.base_version = state["version"], state["base_version"]
         self.counters.update(state["counters"])
         self.last.update(state["last"])

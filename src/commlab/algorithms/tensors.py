@@ -35,6 +35,17 @@ def flat_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
     return flatten(grads_of(params))
 
 
+def restore_into(live: torch.Tensor | None, saved: torch.Tensor | None,
+                 device: torch.device | None = None) -> torch.Tensor | None:
+    """A checkpoint's tensor put where the run keeps it. Checkpoints load on the CPU
+    (:func:`commlab.loop.checkpoint.load_checkpoint`); state that exists is copied into its live
+    tensor (same storage and device, so every reference to it stays valid), lazily created state
+    (``live`` is None) is moved to ``device``."""
+    if saved is None or live is None:
+        return saved if saved is None or device is None else saved.to(device)
+    return live.copy_(saved)
+
+
 def write_grads(params: list[torch.nn.Parameter], flat: torch.Tensor) -> None:
     """Copy a flat tensor back into the parameters' gradients (creating missing ones)."""
     for p in params:

@@ -35,6 +35,6 @@ class TopkAllgather(SparseAlgorithm):
             self.comm.stats.relabel_last("topka_allgather_indices")
             all_val = self.comm.all_gather(acc[idx]).reshape(-1)
             self.comm.stats.relabel_last("topka_allgather_values")
-        u_idx, u_val = reduce_pairs(all_idx, all_val)
+        u_idx, u_val = reduce_pairs(all_idx, all_val, self.n)
         self.note("global_selected", u_idx.numel())
         return SparseUpdate(u_idx, u_val / self.comm.size, idx)

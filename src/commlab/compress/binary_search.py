@@ -100,7 +100,7 @@ class SearchResult:
 
 def _representable(value: float, dtype: torch.dtype) -> float:
     """``value`` rounded to ``dtype`` (thresholds compare against tensor values of that dtype)."""
-    return float(torch.tensor(value, dtype=torch.float64).to(dtype))
+    return float(torch.tensor(value, dtype=torch.float64).to(dtype))  # host-side: rounds a Python float
 
 
 def binary_search_select(x: torch.Tensor, k: int, max_iters: int = 32, r_hint: float | None = None,

@@ -21,7 +21,7 @@ _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _int_view(dtype: torch.dtype) -> torch.dtype:
-    size = torch.empty((), dtype=dtype).element_size()
+    size = torch.empty((), dtype=dtype).element_size()  # host-side: only the dtype's width is read
     if size not in _BITS:
         raise ValueError(f"no integer view for values of dtype {dtype}")
     return _BITS[size]
@@ -29,7 +29,7 @@ def _int_view(dtype: torch.dtype) -> torch.dtype:
 
 def probe_rounds(dtype: torch.dtype) -> int:
     """Worst-case number of count probes of :func:`distributed_threshold` for ``dtype`` values."""
-    return 8 * torch.empty((), dtype=dtype).element_size() + 1
+    return 8 * torch.empty((), dtype=dtype).element_size() + 1  # host-side: the dtype's width
 
 
 def probe_cost_bound(dtype: torch.dtype, p: int) -> int:
@@ -49,15 +49,17 @@ class _Counter:
         self.probes = 0
 
     def value(self, bits: int) -> float:
-        return float(torch.tensor([bits], dtype=self.ints).view(self.dtype).item())
+        return float(torch.tensor([bits], dtype=self.ints).view(self.dtype).item())  # host-side: bit arithmetic
 
     def count(self, bits: int) -> int:
         t = self.value(bits)
         m = self.sorted.numel()
         if t <= 0:  # threshold 0 selects the non-zero entries
-            mine = m - int(torch.searchsorted(self.sorted, torch.zeros((), dtype=self.dtype), right=True))
-        else:
-            mine = m - int(torch.searchsorted(self.sorted, torch.tensor(t, dtype=self.dtype), right=False))
+            probe = torch.zeros((), dtype=self.dtype, device=self.sorted.device)
+            mine = m - int(torch.searchsorted(self.sorted, probe, right=True))
+        else:  # searchsorted needs its value on the values' device
+            probe = torch.tensor(t, dtype=self.dtype, device=self.sorted.device)
+            mine = m - int(torch.searchsorted(self.sorted, probe, right=False))
         self.probes += 1
         if self.comm.size == 1:
             return mine
@@ -78,7 +80,8 @@ def distributed_threshold(comm, values: torch.Tensor, k_max: int, k_min: int | N
     if counter.count(0) <= k_max:
         return 0.0
     # Invariant: count(lo) > k_max >= count(hi); +inf selects nothing.
-    lo, hi = 0, int(torch.tensor([float("inf")], dtype=values.dtype).view(counter.ints).item())
+    inf = torch.tensor([float("inf")], dtype=values.dtype)  # host-side: the bit pattern of +inf
+    lo, hi = 0, int(inf.view(counter.ints).item())
     while hi - lo > 1:
         mid = (lo + hi) // 2
         c = counter.count(mid)

@@ -45,7 +45,7 @@ def gaussian_threshold(x: torch.Tensor, k: int) -> float:
     if k >= n or n < 2:
         return 0.0
     rho = k / n
-    z = float(torch.special.ndtri(torch.tensor(1.0 - rho / 2, dtype=torch.float64)))
+    z = float(torch.special.ndtri(torch.tensor(1.0 - rho / 2, dtype=torch.float64)))  # host-side: a constant
     std, mean = torch.std_mean(flat)
     return float(mean) + z * float(std)
 

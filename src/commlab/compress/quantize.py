@@ -121,7 +121,7 @@ class QSGDQuantizer:
                             torch.zeros_like(norms))
         r = (b.abs() * scale.unsqueeze(1)).clamp_(max=self.levels)
         low = r.floor()
-        u = torch.rand(b.shape, generator=generator, dtype=torch.float32).to(b.device)
+        u = torch.rand(b.shape, generator=generator, dtype=torch.float32, device=b.device)  # generator on b's device
         level = low + (u < (r - low)).to(torch.float32)
         signed = torch.where(b < 0, -level, level)
         codes = (signed + self.levels).to(torch.uint8).reshape(-1)[:n]

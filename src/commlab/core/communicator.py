@@ -111,6 +111,8 @@ class Communicator:
         self._global_ranks = (
             list(range(self.size)) if group is None else dist.get_process_group_ranks(group)
         )
+        # gloo moves CUDA tensors in its collectives but not point to point: send/recv stage them.
+        self._stage_p2p = dist.get_backend(group) == "gloo"
 
     # ------------------------------------------------------------------ structure
     def subgroup(self, group: dist.ProcessGroup) -> Communicator:
@@ -265,12 +267,20 @@ class Communicator:
     # ------------------------------------------------------------------ point to point
     def send(self, tensor: torch.Tensor, dst: int) -> None:
         t0 = time.perf_counter()
-        dist.send(tensor.contiguous(), dst=self._global_ranks[dst], group=self.group)
+        wire = tensor.contiguous()
+        if wire.is_cuda and self._stage_p2p:
+            wire = wire.cpu()
+        dist.send(wire, dst=self._global_ranks[dst], group=self.group)
         self._record("send", tensor.numel(), 0, tensor.element_size(), time.perf_counter() - t0)
 
     def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         t0 = time.perf_counter()
-        dist.recv(tensor, src=self._global_ranks[src], group=self.group)
+        if tensor.is_cuda and self._stage_p2p:
+            staged = torch.empty(tensor.shape, dtype=tensor.dtype)  # host-side: gloo receives on the CPU
+            dist.recv(staged, src=self._global_ranks[src], group=self.group)
+            tensor.copy_(staged)
+        else:
+            dist.recv(tensor, src=self._global_ranks[src], group=self.group)
         self._record("recv", 0, tensor.numel(), tensor.element_size(), time.perf_counter() - t0)
         return tensor
 

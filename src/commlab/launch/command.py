@@ -15,8 +15,10 @@
   with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT/GLOO_SOCKET_IFNAME set, and are
   supervised as torchrun does (:mod:`.supervise`): one worker failing stops the others and the launch exits
   non-zero naming the rank; SIGTERM/SIGINT are forwarded (workers checkpoint and exit 143); the
-  namespaces are always torn down. The links as built and their measured throughput reach the
-  workers as a config override (``network.emulated``), so that rank 0 logs them as MLflow params.
+  namespaces are always torn down. Emulated runs use gloo (``backend: auto`` becomes gloo,
+  ``nccl`` is refused: NCCL's P2P/SHM transports would bypass the shaped links). The links as
+  built and their measured throughput reach the workers as a config override
+  (``network.emulated``), so that rank 0 logs them as MLflow params.
 
 The config is validated here first, so a bad key fails before any worker starts.
 """
@@ -32,6 +34,7 @@ import sys
 from commlab.config import ConfigError, load_config
 from commlab.launch.supervise import run_in_network
 from commlab.launch.torchrun import (
+    EXIT_BAD_INPUT,
     TORCHRUN,
     network_override,
     run_torchrun,
@@ -54,7 +57,38 @@ def network_section(config: dict, mbit: float | None = None, latency_ms: float |
     return section or None
 
 
-def launch_emulated(config: dict, config_path: str, sentinel: str | None, section: dict) -> int:
+class FailureRecord:
+    """The first failed worker of a launch, as the supervisor (torchrun or ours) saw it; after the
+    launch, the run's MLflow entry is marked FAILED naming it (:func:`commlab.tracking.record_failure`).
+    Workers usually mark their run themselves; an NCCL watchdog abort, or SIGKILL of every rank,
+    leaves nobody else to do it."""
+
+    def __init__(self):
+        self.rank: int | None = None
+        self.reason: str | None = None
+
+    def __call__(self, rank: int, exitcode: int) -> None:
+        if self.rank is None:
+            self.rank = rank
+            how = (f"died with {signal.Signals(-exitcode).name}" if exitcode < 0 and -exitcode in
+                   signal.valid_signals() else f"exited with code {exitcode}")
+            self.reason = f"worker rank {rank} {how}"
+
+    def record(self, config: dict, rc: int) -> None:
+        """After the launch: a failure (not success, bad input or a forwarded signal) is recorded."""
+        if rc in (0, EXIT_BAD_INPUT) or rc > 128:
+            return
+        from commlab.config import run_dir
+        from commlab.tracking import record_failure
+
+        reason = self.reason or f"the job's workers failed (launcher exit code {rc}; see the job's log)"
+        run_id = record_failure(run_dir(config), reason, self.rank)
+        if run_id:
+            print(f"[commlab launch] MLflow run {run_id} marked FAILED: {reason}", file=sys.stderr, flush=True)
+
+
+def launch_emulated(config: dict, config_path: str, sentinel: str | None, section: dict,
+                    failures: FailureRecord) -> int:
     """Start the workers in an emulated network; always tear it down."""
     from commlab.launch.netem import EmulatedNetwork, NetemError, NetworkSpec, Terminated
 
@@ -79,7 +113,8 @@ def launch_emulated(config: dict, config_path: str, sentinel: str | None, sectio
         for attempt in range(config.get("max_restarts", 0) + 1):
             if attempt:
                 print(f"[commlab launch] restart {attempt}: workers resume from the last checkpoint", flush=True)
-            rc = run_in_network(net, train_argv(config_path, sentinel, [network_override(net)]))
+            rc = run_in_network(net, train_argv(config_path, sentinel, [network_override(net), "backend=gloo"]),
+                                on_failure=failures)
             if rc == 0:
                 break
         return rc
@@ -101,8 +136,32 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
         print(f"commlab launch: {err}", file=sys.stderr)
         return 2
     section = network_section(config, network_mbit, latency_ms)
+    if section and config.get("backend") == "nccl":
+        # NCCL reaches peers on one host through P2P/SHM, not the shaped interfaces: the run would
+        # measure NVLink or PCIe, not the link it names. Emulated links run gloo (workers get backend=gloo).
+        print("commlab launch: emulated networks run on gloo (NCCL would bypass the shaped links through "
+              "its P2P/SHM transports); set backend: gloo or auto", file=sys.stderr)
+        return 2
+    from commlab.core.runtime import check_backend  # here: torch after the workers' fork server started
+
+    try:  # an NCCL run with fewer GPUs than workers per node stops here, before any worker starts
+        choice = check_backend({**config, "backend": "gloo"} if section else config)
+    except ValueError as err:
+        print(f"commlab launch: {err}", file=sys.stderr)
+        return 2
+    if choice.note and not section:
+        print(f"[commlab launch] {choice.note}", flush=True)
+    failures = FailureRecord()
+    rc = _launch_workers(config, config_path, sentinel, section, failures)
+    failures.record(config, rc)
+    return rc
+
+
+def _launch_workers(config: dict, config_path: str, sentinel: str | None, section: dict | None,
+                    failures: FailureRecord) -> int:
+    """Start the run's workers (emulated network, several nodes through srun, or torchrun here)."""
     if section:
-        return launch_emulated(config, config_path, sentinel, section)
+        return launch_emulated(config, config_path, sentinel, section, failures)
     if config.get("nodes", 1) > 1:
         if shutil.which("srun") is None:
             print("commlab launch: nodes > 1 needs srun (run inside a SLURM allocation)", file=sys.stderr)
@@ -117,7 +176,7 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
         return subprocess.call(cmd, env=srun_env())
     args = torchrun_args(config, config_path, sentinel)
     print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
-    return run_torchrun(args)
+    return run_torchrun(args, on_failure=failures)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

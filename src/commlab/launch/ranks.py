@@ -11,7 +11,7 @@
 
 (The test kit's ``commlab.testing.run_distributed`` is this function.)
 
-Each process gets RANK/WORLD_SIZE/MASTER_* set, calls :func:`init_runtime` (gloo), runs ``fn``,
+Each process gets RANK/WORLD_SIZE/MASTER_* set, calls :func:`init_runtime`, runs ``fn``,
 and tears the group down. An exception on any rank is re-raised here with its traceback.
 
 The ranks are forked from a fork server that imported torch once (``forkserver`` start method):
@@ -34,12 +34,12 @@ import torch.multiprocessing as mp
 from commlab.core.runtime import free_port, init_runtime, shutdown_runtime
 
 
-def _worker(rank, world_size, port, fn, args, queue, timeout_s):
+def _worker(rank, world_size, port, fn, args, queue, timeout_s, backend, device):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
-        init_runtime("gloo", timeout_s=timeout_s)
+        init_runtime(backend, timeout_s=timeout_s, device=device)
         # Serialise here: tensors passed through the queue as shared memory would vanish when
         # this process exits before the parent reads them.
         buffer = io.BytesIO()
@@ -68,13 +68,15 @@ def _start_context(preload: tuple[str, ...]):
 
 
 def run_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0,
-              preload: tuple[str, ...] = PRELOAD) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results.
-    ``preload``: modules the fork server imports once when it starts (its first use in a process)."""
+              preload: tuple[str, ...] = PRELOAD, backend: str = "gloo", device: str = "cpu") -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks (gloo on the CPU by default;
+    ``device="cuda"`` puts gloo ranks on the GPUs, ``backend="nccl"`` needs a GPU per rank); return
+    per-rank results. ``preload``: modules the fork server imports once when it starts (its first
+    use in a process)."""
     ctx = _start_context(tuple(preload))
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s))
+    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue, timeout_s, backend, device))
              for r in range(world_size)]
     for p in procs:
         p.start()

@@ -57,13 +57,14 @@ def stop_workers(procs: list[subprocess.Popen], grace_s: float, sig: int = signa
 
 
 def supervise(procs: list[subprocess.Popen], fail_grace_s: float = 5.0, signal_grace_s: float = 30.0,
-              poll_s: float = 0.1) -> int:
+              poll_s: float = 0.1, on_failure=None) -> int:
     """Wait for the workers like torchrun: 0 when all succeed; the first failure stops the others.
 
     On SIGTERM/SIGINT (:class:`commlab.launch.netem.Terminated` or KeyboardInterrupt) the signal is
     forwarded so that the workers checkpoint, they get ``signal_grace_s`` to exit, and the
     exception propagates. A failed worker's peers are blocked in a collective and ignore SIGTERM
-    until their next control point, so they get only ``fail_grace_s``."""
+    until their next control point, so they get only ``fail_grace_s``. ``on_failure(rank, returncode)``
+    hears of the first failed worker (a negative code: killed by that signal)."""
     from commlab.launch.netem import Terminated
 
     def raise_terminated(signum, frame):
@@ -83,6 +84,8 @@ def supervise(procs: list[subprocess.Popen], fail_grace_s: float = 5.0, signal_g
                 print(f"[commlab launch] worker rank {rank} failed (exit code {_exit_code(code)}); "
                       f"stopping the other workers", file=sys.stderr, flush=True)
                 stop_workers(procs, fail_grace_s)
+                if on_failure is not None:
+                    on_failure(rank, code)
                 return _exit_code(code)
             if all(c == 0 for c in codes):
                 return 0

@@ -141,7 +141,7 @@ class _QuietBadInput(logging.Filter):
         return f"(exitcode: {EXIT_BAD_INPUT})" not in record.getMessage()
 
 
-def run_torchrun(args: list[str]) -> int:
+def run_torchrun(args: list[str], on_failure=None) -> int:
     """``torchrun *args`` inside this process, with torchrun's exit status.
 
     The same elastic agent, rendezvous and failure handling as the ``torchrun`` command
@@ -152,7 +152,8 @@ def run_torchrun(args: list[str]) -> int:
     the ``-m commlab.loop`` command in ``args``. On SIGTERM/SIGINT the agent forwards the signal to the workers,
     waits for them (they checkpoint) and this returns 128 + the signal; a failed worker stops the
     others and the failure table names its rank (exit 1); workers that stopped on a bad config or
-    damaged data (exit 2, their message printed once) give exit 2 and one line."""
+    damaged data (exit 2, their message printed once) give exit 2 and one line. ``on_failure(rank,
+    exitcode)`` hears of the first failed worker (a negative exit code: killed by that signal)."""
     import uuid
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -177,6 +178,9 @@ def run_torchrun(args: list[str]) -> int:
                   "message above", file=sys.stderr, flush=True)
             return EXIT_BAD_INPUT
         print(err, file=sys.stderr, flush=True)
+        if on_failure is not None:
+            rank, failure = err.get_first_failure()
+            on_failure(rank, failure.exitcode)
         return 1
     except SignalException as err:
         # the code is said here too: under SLURM's job step the executor reports any failure as 1

@@ -18,9 +18,9 @@ def augment(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """Random 4-pixel-padded crop and horizontal flip (the CIFAR recipe), per sample."""
     n, _, h, w = x.shape
     padded = F.pad(x, (4, 4, 4, 4))
-    dx = torch.randint(0, 9, (n,), generator=gen)
-    dy = torch.randint(0, 9, (n,), generator=gen)
-    flip = torch.rand(n, generator=gen) < 0.5
+    # host-side: offsets and flips come from the CPU augmentation generator (one stream on any device)
+    dx, dy = (torch.randint(0, 9, (n,), generator=gen) for _ in range(2))  # host-side (above)
+    flip = torch.rand(n, generator=gen) < 0.5  # host-side (above)
     out = torch.stack([padded[i, :, dy[i]:dy[i] + h, dx[i]:dx[i] + w] for i in range(n)])
     out[flip] = out[flip].flip(-1)
     return out

@@ -9,6 +9,10 @@ cache. With several nodes, ``<dir>`` must be on a file system every node sees.
 
 What goes into ``state`` is the loop's business (:meth:`commlab.loop.loop.Run.checkpoint`): model,
 optimizer, algorithm state, communication counters, RNG states, data position, MLflow run id.
+
+A checkpoint loads on the CPU (``map_location``) and the loop copies it into the live tensors of
+the run (model, optimizer, algorithm state, each on the run's device): a GPU checkpoint resumes on
+another GPU index or another device layout, and a CPU-only reader can open it.
 """
 
 from __future__ import annotations
@@ -55,8 +59,9 @@ def save_checkpoint(folder: str | Path, step: int, rank: int, world_size: int, s
     dist.barrier()
 
 
-def load_checkpoint(folder: str | Path, rank: int, world_size: int) -> dict | None:
-    """This rank's state from the latest complete checkpoint, or None when there is none."""
+def load_checkpoint(folder: str | Path, rank: int, world_size: int, map_location="cpu") -> dict | None:
+    """This rank's state from the latest complete checkpoint, or None when there is none; its
+    tensors on ``map_location`` (the CPU: the loop copies them into the run's live tensors)."""
     folder = Path(folder)
     latest = folder / "latest.json"
     if not latest.exists():
@@ -67,7 +72,7 @@ def load_checkpoint(folder: str | Path, rank: int, world_size: int) -> dict | No
             f"checkpoint in {folder} was written by {info['world_size']} workers but this run has "
             f"{world_size}; resume with the same number of workers or delete {folder}"
         )
-    return torch.load(folder / info["dir"] / f"rank{rank}.pt", weights_only=False)
+    return torch.load(folder / info["dir"] / f"rank{rank}.pt", map_location=map_location, weights_only=False)
 
 
 def latest_step(folder: str | Path) -> int | None:

@@ -38,10 +38,10 @@ def evaluate_on_main(algo, data, eval_batch: int, rt) -> tuple[float, float]:
         with torch.no_grad():
             for t in model.state_dict().values():
                 dist.broadcast(t, src=0)
-    part = torch.arange(rt.rank, len(data.test_y), rt.world_size)
+    part = torch.arange(rt.rank, len(data.test_y), rt.world_size)  # host-side: indexes the host test set
     loss, acc = evaluate(model, data, data.test_x[part], data.test_y[part], eval_batch, rt.device)
     sums = torch.tensor([loss * len(part), acc * len(part), len(part)], dtype=torch.float64,
-                        device=rt.device if rt.backend == "nccl" else "cpu")
+                        device=rt.device)
     if rt.world_size > 1:
         dist.all_reduce(sums)
     return sums[0].item() / sums[2].item(), sums[1].item() / sums[2].item()

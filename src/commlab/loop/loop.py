@@ -36,11 +36,12 @@ import torch.distributed as dist
 from commlab.algorithms.base import StepInfo
 from commlab.config import run_dir
 from commlab.core import CommStats, Communicator, ControlChannel, init_runtime, seed_everything, shutdown_runtime
+from commlab.core.runtime import seed_per_rank
 from commlab.loop.batches import RunData
 from commlab.loop.checkpoint import load_checkpoint, save_checkpoint
 from commlab.loop.display import ProgressDisplay
 from commlab.loop.evaluation import evaluate_on_main
-from commlab.loop.logger import open_logger
+from commlab.loop.logger import RunLogger, open_logger
 from commlab.loop.method import backward, build_method, take_step
 from commlab.loop.metrics import NonFiniteLoss, control, step_metrics
 from commlab.loop.optim import lr_at
@@ -64,7 +65,9 @@ def train(config: dict, sentinel=None, options=None) -> dict:
     """Run one experiment; return the final metrics (on every rank). ``options`` are the method's
     parsed Options (parsed here when not given). A SIGTERM/SIGINT ends the run with a checkpoint
     and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
-    rt = init_runtime(config["backend"], config["timeout_s"])
+    rt = init_runtime(config["backend"], config["timeout_s"], config["device"])
+    if rt.note and rt.is_main:
+        print(f"[commlab] {rt.note}", file=sys.stderr, flush=True)
     stop = StopSignal()
     stop.install()
     try:
@@ -125,6 +128,7 @@ class Run:
         self.log_every = self.tcfg["log_every"]
         self.step_delay_s = float((config.get("testing") or {}).get("step_delay_s", 0))
         self.data = data = RunData(config, rt.world_size)
+        # host-side: augmentation draws on the CPU, the same stream on any device
         self.aug_gen = torch.Generator().manual_seed(config["seed"] * 7919 + rt.rank)
 
         spec = data.spec
@@ -136,6 +140,8 @@ class Run:
                                  runtime=rt, train=self.tcfg, seed=config["seed"],
                                  steps_per_epoch=data.steps_per_epoch, total_steps=data.total_steps,
                                  workers_per_node=config["workers"], control=self.control)
+        # The model was initialised from the shared seed; from here each rank draws its own dropout masks.
+        seed_per_rank(config["seed"], rt.rank)
 
         self.p = Progress()
         self.resume()
@@ -149,6 +155,10 @@ class Run:
                   **self.algo.run_params()}
         self.logger = open_logger(config, params, self.tags(), rt, self.p.run_id)
         self.p.run_id = self.logger.run_id
+        if rt.is_main and isinstance(self.logger, RunLogger):  # for the launcher, should every worker die
+            from commlab.tracking import write_run_record
+
+            write_run_record(self.out, self.logger.run_id, config["tracking"].get("uri"))
         self.display = ProgressDisplay(data.total_steps, self.p.step, config.get("name") or config["method"],
                                        enabled=rt.is_main)
         self.lr = 0.0
@@ -164,7 +174,7 @@ class Run:
         self.algo.optimizer.load_state_dict(state["optimizer"])
         self.algo.load_state_dict(state["algorithm"])
         self.comm.stats.load_state_dict(state["stats"])
-        set_rng_state(state["rng"])
+        set_rng_state(state["rng"], self.rt.device)
         self.aug_gen.set_state(state["aug_rng"])
         p = self.p = Progress.from_state(state["progress"])
         if self.rt.is_main:
@@ -265,7 +275,8 @@ class Run:
     def checkpoint(self) -> None:
         save_checkpoint(self.ckpt_dir, self.p.step, self.rt.rank, self.rt.world_size, {
             "model": self.model.state_dict(), "optimizer": self.algo.optimizer.state_dict(),
-            "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(), "rng": rng_state(),
+            "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(),
+            "rng": rng_state(self.rt.device),
             "aug_rng": self.aug_gen.get_state(), "fingerprint": fingerprint(self.config),
             "progress": {**self.p.state_dict(), "wall_s": self.wall_s()},
         })

@@ -73,19 +73,21 @@ class Progress:
         return cls(**state)
 
 
-def rng_state() -> dict:
+def rng_state(device: torch.device | None = None) -> dict:
+    """The global generators' states: Python, NumPy, torch's CPU one and that of the run's GPU
+    (``device``; only its own, so that the state resumes on whichever GPU the rank gets next)."""
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    if device is not None and device.type == "cuda":
+        state["cuda_device"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+def set_rng_state(state: dict, device: torch.device | None = None) -> None:
+    torch.set_rng_state(state["torch"].cpu())
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda_device" in state and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda_device"].cpu(), device)
 
 
 FINGERPRINT_KEYS = ("method", "method_params", "model", "dataset", "seed", "train.batch_size",

@@ -28,12 +28,14 @@ __all__ = ["Driven", "drive", "run_distributed", "set_grads"]
 PRELOAD = ("torch", "torch.distributed", "torch._dynamo", "commlab.core", "commlab.testing.driver")
 
 
-def run_distributed(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0) -> list:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return per-rank results
-    (an exception on any rank is re-raised here with its traceback)."""
+def run_distributed(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0, backend: str = "gloo",
+                    device: str = "cpu") -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks; return per-rank results (an
+    exception on any rank is re-raised here with its traceback). gloo on the CPU unless ``backend``
+    / ``device`` say otherwise: ``device="cuda"`` puts gloo ranks on the GPUs, NCCL needs a GPU per rank."""
     from commlab.launch.ranks import run_ranks
 
-    return run_ranks(fn, world_size, args, timeout_s, preload=PRELOAD)
+    return run_ranks(fn, world_size, args, timeout_s, preload=PRELOAD, backend=backend, device=device)
 
 
 def __getattr__(name: str):
