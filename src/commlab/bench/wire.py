@@ -120,8 +120,8 @@ def explain(row: dict) -> str:
     """What makes up a gap between the payload and the accounted bytes, by name."""
     accounted, payload = row["accounted"], row["payload"]
     if accounted <= 0:
-        return "nothing accounted in the window: " + ("no traffic either" if payload < 1 else
-                                                        "the wire carries only what is named under 'outside'")
+        return "nothing accounted in the window" + ("" if payload < 1 else ": the wire carries only the "
+                                                    "collectives outside the accounting and gloo's framing")
     ratio = payload / accounted
     parts = [f"gloo framing {row['messages']:.1f} msgs x {GLOO_FRAMING_BYTES} B = {row['framing'] / accounted:.1%}"]
     parts += [f"{name} {value / accounted:.1%}" for name, value in row["outside_by_name"].items() if value]
