@@ -1,6 +1,8 @@
 """Each benchmark runs with tiny sizes and writes valid JSON (with its ratio fields) and markdown."""
 
 import json
+import os
+import shutil
 
 import pytest
 
@@ -17,12 +19,12 @@ def _read(path):
 
 
 def test_registered():
-    for name in ("collectives", "throughput", "time_to_accuracy", "scaling"):
+    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire"):
         assert name in BENCHMARKS.names()
 
 
 def test_help_exits_cleanly(capsys):
-    for name in ("collectives", "throughput", "time_to_accuracy", "scaling"):
+    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire"):
         with pytest.raises(SystemExit) as exc:
             BENCHMARKS.get(name)(["--help"], None)
         assert exc.value.code == 0
@@ -91,3 +93,58 @@ def test_time_to_accuracy_tiny(tmp_path):
     assert ssgd["reached"] and ssgd["step"] == 8, ssgd  # 256 / (2 x 16) steps: the first evaluation
     assert ssgd["speedup_vs_ssgd"] == pytest.approx(1.0)
     assert [c["step"] for c in ssgd["curve"]] == [8, 16]
+
+
+def _wire_run(method, accounted, payload, messages, log_points=2, steps=8, workers=2, ops=None):
+    per_rank = {"bytes_sent": accounted / workers, "messages_sent": messages / workers,
+                "wire_tx_payload": payload / workers, "wire_tx_bytes": payload / workers + 660}
+    return {"network": "unshaped", "method": method, "workers": workers, "repeat": 0,
+            "wire": {"steps": steps, "log_points": log_points, "per_rank": [per_rank] * workers,
+                     "sum": {"bytes_sent": accounted, "messages_sent": messages, "wire_tx_payload": payload,
+                             "wire_tx_bytes": payload + 660 * workers,
+                             "by_op": ops or {"all_reduce": {"bytes_sent": accounted, "messages_sent": messages}}},
+                     "run": {"sum": {"wire_tx_bytes": 5e6}}}}
+
+
+def test_wire_table_explains_each_gap_by_name():
+    from commlab.bench.wire import CONTROL, GLOO_FRAMING_BYTES, SPARSE_METRICS, allreduce_wire, table
+
+    control = allreduce_wire(CONTROL[1], CONTROL[2], 2) * 2 / 8  # 2 log points over 8 steps, all ranks
+    metrics = allreduce_wire(SPARSE_METRICS[1], SPARSE_METRICS[2], 2) * 2 / 8  # a sparse method's own
+    sources = [{"model": "mlp", "runs": [
+        # dense: 1 MB accounted, the wire adds framing and the control allreduce only
+        _wire_run("ssgd", 1e6, 1e6 + GLOO_FRAMING_BYTES * 8 + control, 8),
+        # small messages: framing is 40% of the payload, named; nothing unexplained
+        _wire_run("gtopk", 2000, 2000 + GLOO_FRAMING_BYTES * 6 + control + metrics, 6,
+                  ops={"send": {"bytes_sent": 1500, "messages_sent": 4}, "broadcast": {"bytes_sent": 500,
+                                                                                      "messages_sent": 2}}),
+        # the wire carries twice the accounting: flagged
+        _wire_run("qsgd", 1e5, 2e5, 4),
+    ]}]
+    rows = {r["method"]: r for r in table(sources, ["ssgd", "gtopk", "qsgd", "kstep"])}
+    ssgd = rows["ssgd"]
+    assert ssgd["within_tolerance"] and ssgd["payload_over_expected"] == pytest.approx(1.0)
+    assert ssgd["accounted"] == 5e5 and ssgd["algorithms"] == "ring allreduce 100%"  # per worker
+    gtopk = rows["gtopk"]
+    assert not gtopk["within_tolerance"] and gtopk["payload_over_expected"] == pytest.approx(1.0)
+    assert "gloo framing 3.0 msgs x 144 B" in gtopk["note"] and "the loop's control allreduce" in gtopk["note"]
+    assert "UNEXPLAINED" not in gtopk["note"] and gtopk["algorithms"] == "point-to-point 75%, binomial tree 25%"
+    assert "metrics allreduce" in gtopk["note"]  # a sparse method: its metrics allreduce is named too
+    assert rows["qsgd"]["payload_over_accounted"] == pytest.approx(2.0) and "UNEXPLAINED" in rows["qsgd"]["note"]
+    assert rows["kstep"]["note"].startswith("not measured")
+
+
+@pytest.mark.netem
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("ip") is None, reason="emulated links need root and iproute2")
+def test_wire_on_emulated_links(tmp_path):
+    """Two workers on an unshaped emulated link: dense SGD's wire payload is its accounted volume
+    plus what the table names, within 10%."""
+    out = tmp_path / "wire.json"
+    assert BENCHMARKS.get("wire")([*TINY_RUN, "--methods", "ssgd", "--max-steps", "6", "--log-every", "2"],
+                                  str(out)) == 0
+    data = _read(out)
+    (row,) = data["rows"]
+    assert row["method"] == "ssgd" and row["network"] == "unshaped" and row["within_tolerance"]
+    assert row["payload_over_accounted"] == pytest.approx(1.0, abs=0.1)
+    assert row["payload_over_expected"] == pytest.approx(1.0, abs=0.02)
+    assert row["raw"] > row["payload"] > row["accounted"] > 0

@@ -1,11 +1,20 @@
-"""The Communicator: results equal torch's collectives and byte counts equal the standard costs."""
+"""The Communicator: results equal torch's collectives and byte counts equal the costs of gloo's
+algorithms (commlab.core.costs; checked against the wire in tests/test_netem.py)."""
+
+import json
 
 import pytest
 import torch
 
 from commlab.core import Communicator
-from commlab.core.communicator import ring_allreduce_cost, ring_chunks
+from commlab.core.communicator import ring_allreduce_cost
+from commlab.core.costs import broadcast_sends, gloo_ring_chunks, ring_allreduce_messages
 from commlab.testing import run_distributed
+
+# gloo's ring allreduce of 10 floats: 2P segments of ceil(10 / 2P) elements, S/P segments a chunk.
+# Per rank (sent, received, messages sent); on 4 ranks the last two chunks hold 2 and 0 elements.
+ALLREDUCE_10 = {2: [(10, 10, 4), (10, 10, 4)],
+                4: [(16, 12, 8), (12, 14, 6), (14, 18, 7), (18, 16, 9)]}
 
 
 def _collectives(rank, world, n):
@@ -39,9 +48,7 @@ def test_dense_collectives_values_and_standard_costs(world):
     for rank, out in enumerate(results):
         x, rec = out["all_reduce"]
         assert torch.equal(x, torch.arange(n, dtype=torch.float32) * total)
-        c = ring_chunks(n, world)
-        assert rec.elements_sent == 2 * n - c[(rank + 1) % world] - c[(rank + 2) % world]
-        assert rec.elements_recv == 2 * n - c[rank] - c[(rank + 1) % world]
+        assert (rec.elements_sent, rec.elements_recv, rec.messages) == ALLREDUCE_10[world][rank]
         assert rec.bytes_sent == 4 * rec.elements_sent and rec.scope == "global"
         y, _ = out["avg"]
         assert torch.allclose(y, torch.full((n,), (world - 1) / 2))
@@ -49,14 +56,18 @@ def test_dense_collectives_values_and_standard_costs(world):
         src = 1 % world
         assert torch.equal(b, torch.full((n,), float(src), dtype=torch.float64))
         assert rec.elements_recv == (0 if rank == src else n)
-        assert rec.elements_sent == (0 if rank == (src - 1) % world else n)
+        # binomial tree from rank 1: on 4 ranks rank 1 sends to ranks 2 and 3, rank 2 to rank 0
+        copies = {2: [0, 1], 4: [0, 2, 1, 0]}[world][rank]
+        assert (rec.elements_sent, rec.messages) == (copies * n, copies)
         assert rec.bytes_recv == 8 * rec.elements_recv
         g, rec = out["all_gather"]
         assert torch.equal(g, torch.arange(world).unsqueeze(1).expand(world, 3))
         assert rec.elements_sent == rec.elements_recv == 3 * (world - 1)
+        assert rec.messages == 2 * (world - 1)
         rs, rec = out["reduce_scatter"]
         assert torch.equal(rs, torch.full((2,), float(sum(range(world)))))
         assert rec.elements_sent == rec.elements_recv == 2 * (world - 1)
+        assert rec.messages == world - 1  # one direct exchange of the blocks, not gloo's allreduce
         counters = out["counters"]
         assert counters["reductions_global"] == 1
         assert counters["collectives_global"] == 7
@@ -71,6 +82,25 @@ def test_ring_allreduce_cost_divisible_equals_textbook():
         for i in range(p):
             assert ring_allreduce_cost(n, p, i) == (2 * n * (p - 1) // p, 2 * n * (p - 1) // p)
     assert ring_allreduce_cost(100, 1, 0) == (0, 0)
+
+
+def test_costs_follow_gloos_segments_and_tree():
+    # 4-element allreduce on 4 ranks (the loop's control scalars, float64): chunks 2, 2, 0, 0 so
+    # rank 3 sends the whole tensor twice where an even split would have it send 6 of 8 elements.
+    assert gloo_ring_chunks(4, 4, 8) == [2, 2, 0, 0]
+    assert [ring_allreduce_cost(4, 4, i, 8) for i in range(4)] == [(6, 4), (4, 6), (6, 8), (8, 6)]
+    # above 2P MiB the segments are at most 1 MiB: 12 MiB + 20 B -> 16 segments of 196609 floats
+    big = 3 * 2**20 + 5
+    assert gloo_ring_chunks(big, 4) == [786436, 786436, 786436, 786425]
+    assert [ring_allreduce_messages(big, 4, i) for i in range(4)] == [24] * 4
+    assert [ring_allreduce_messages(big, 4, i, element_size=8) for i in range(4)] == [42] * 4  # 28 segments
+    assert ring_allreduce_cost(big, 4, 3) == (2 * big - 786425 - 786436, 2 * big - 786425 - 786436)
+    # whatever the chunks, all ranks together send 2(P-1)n
+    for n, p in [(1, 4), (7, 3), (10, 4), (1001, 8), (big, 5)]:
+        assert sum(ring_allreduce_cost(n, p, i)[0] for i in range(p)) == 2 * (p - 1) * n
+    assert [broadcast_sends(5, i, 0) for i in range(5)] == [3, 1, 0, 0, 0]
+    assert [broadcast_sends(4, i, 2) for i in range(4)] == [0, 0, 2, 1]
+    assert broadcast_sends(1, 0, 0) == 0 and ring_allreduce_messages(10, 1, 0) == 0
 
 
 def _variable(rank, world):
@@ -106,6 +136,7 @@ def test_uneven_all_to_all_and_allgatherv_are_exact(world):
         assert gathered[0].numel() == 0 and gathered[0].dtype == torch.int64
         size_call, gather_call = gcalls
         assert size_call.op == "all_gatherv_counts" and gather_call.op == "all_gatherv"
+        assert counts_call.messages == data_call.messages == gather_call.messages == world - 1
         assert gather_call.elements_sent == rank * (world - 1)
         assert gather_call.elements_recv == sum(range(world)) - rank
         assert gather_call.bytes_sent == 8 * gather_call.elements_sent
@@ -124,8 +155,8 @@ def _p2p(rank, world):
 def test_send_recv_counts():
     (t0, c0), (t1, c1) = run_distributed(_p2p, 2)
     assert torch.equal(t1, torch.zeros(5))
-    assert c0["bytes_sent"] == 20 and c0["bytes_recv"] == 0
-    assert c1["bytes_recv"] == 20 and c1["bytes_sent"] == 0
+    assert c0["bytes_sent"] == 20 and c0["bytes_recv"] == 0 and c0["messages_sent"] == 1
+    assert c1["bytes_recv"] == 20 and c1["bytes_sent"] == 0 and c1["messages_sent"] == 0
 
 
 def _subgroup(rank, world):
@@ -163,3 +194,53 @@ def test_call_records_are_bounded_but_counters_count_every_call():
     calls = stats.drain()
     assert len(calls) == MAX_CALLS and calls[-1].elements_sent == MAX_CALLS + 9 and calls[0].elements_sent == 10
     assert stats.drain() == []
+
+
+def test_stats_keep_bytes_and_messages_per_operation_across_a_checkpoint():
+    from commlab.core.stats import CommStats
+
+    stats = CommStats(wire=None)
+    stats.record("all_reduce", "global", 10, 10, 4, 0.0, messages=3)
+    stats.record("all_reduce", "global", 5, 5, 4, 0.0, messages=2)
+    stats.record("all_to_all", "local", 2, 1, 8, 0.0, messages=1)
+    assert stats.by_op == {"all_reduce": {"bytes_sent": 60, "messages_sent": 5},
+                           "all_to_all": {"bytes_sent": 16, "messages_sent": 1}}
+    assert stats.totals()["messages_sent"] == 6 and "wire_tx_bytes" not in stats.totals()
+    resumed = CommStats(wire=None)
+    resumed.load_state_dict(json.loads(json.dumps(stats.state_dict())))
+    assert resumed.by_op == stats.by_op and resumed.counters == stats.counters
+    resumed.load_state_dict({"counters": stats.counters})  # a checkpoint from before by_op
+    assert resumed.by_op == {}
+
+
+def _fake_interface(root, name, tx, rx):
+    folder = root / name / "statistics"
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, value in {"tx_bytes": tx, "rx_bytes": rx, "tx_packets": tx // 100, "rx_packets": rx // 100}.items():
+        (folder / key).write_text(f"{value}\n")
+
+
+def test_wire_meter_adds_the_interface_counters_and_logs_every_rank(tmp_path, monkeypatch):
+    from commlab.core.stats import CommStats, WireMeter
+
+    sys_net = tmp_path / "sys"
+    _fake_interface(sys_net, "eth0", 1000, 2000)
+    meter = WireMeter("eth0", log_dir=str(tmp_path / "wire"), rank=2, sys_class_net=str(sys_net))
+    stats = CommStats(wire=meter)
+    stats.record("all_gather", "global", 3, 3, 4, 0.0, messages=2)
+    first = stats.totals()
+    assert (first["wire_tx_bytes"], first["wire_rx_bytes"], first["wire_tx_packets"]) == (1000, 2000, 10)
+    _fake_interface(sys_net, "eth0", 5000, 2500)
+    assert stats.totals()["wire_tx_bytes"] == 5000
+    lines = [json.loads(x) for x in (tmp_path / "wire" / "rank2.jsonl").read_text().splitlines()]
+    assert [x["point"] for x in lines] == [0, 1] and lines[1]["wire_rx_packets"] == 25
+    assert lines[0]["bytes_sent"] == 12 and lines[0]["by_op"] == {"all_gather": {"bytes_sent": 12, "messages_sent": 2}}
+    # the launcher names the interface; a wrong name is a clear error
+    monkeypatch.setenv("COMMLAB_WIRE_INTERFACE", "eth7")
+    monkeypatch.setenv("RANK", "3")
+    env_meter = WireMeter.from_env()
+    assert env_meter.interface == "eth7" and env_meter.rank == 3 and env_meter.log_dir is None
+    with pytest.raises(ValueError, match="COMMLAB_WIRE_INTERFACE=eth7"):
+        CommStats(wire=env_meter).totals()
+    monkeypatch.delenv("COMMLAB_WIRE_INTERFACE")
+    assert CommStats().wire is None

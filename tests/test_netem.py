@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from commlab.launch import launch, netem, run_in_network
+from commlab.launch import launch, netem, run_in_network, wire
 from commlab.launch.netem import EmulatedNetwork, NetemError, NetworkSpec
 
 needs_root = pytest.mark.skipif(
@@ -132,6 +132,11 @@ def test_launch_normal_end_and_failing_run_leave_nothing(tmp_path):
     assert run.data.metrics["network.bandwidth_mbit"] == run.data.metrics["network_bandwidth_mbit"] == 1000
     assert run.data.metrics["network_measured_mbit"] > 0 and "network_measured_mbit" not in run.data.params
     assert run.data.params["network_emulated"] == "True" and run.data.tags["network"].startswith("emulated")
+    # The link's counters beside the accounting: rank 0's as metrics, every rank's summed by the launcher.
+    assert run.data.metrics["wire_tx_bytes"] > run.data.metrics["bytes_sent"] > 0
+    summary = json.loads((tmp_path / "out" / "wire" / "summary.json").read_text())
+    assert len(summary["per_rank"]) == 2 and summary["sum"]["bytes_sent"] > 0
+    assert summary["sum"]["wire_tx_payload"] == pytest.approx(summary["sum"]["bytes_sent"], rel=0.1)
     assert set(netem.list_namespaces()) <= before_ns and host_links() == before_links
     bad = _config(tmp_path, data_dir=str(tmp_path / "missing"), dataset="fashion_mnist")
     assert launch(str(bad), network_mbit=100) != 0  # every worker fails: no dataset
@@ -173,3 +178,90 @@ def test_shaped_allreduce_is_bandwidth_limited(tmp_path):
     bound_s = 2 * (workers - 1) / workers * n * 4 / (mbit * 1e6 / 8)
     ratio = row["raw_ms"] / 1e3 / bound_s
     assert 0.8 <= ratio <= 2.0, f"measured {row['raw_ms']:.0f} ms vs bound {bound_s * 1e3:.0f} ms"
+
+
+# One worker of the allreduce check below: the Communicator's accounting and the link's counters
+# (sampled by CommStats.totals(), as at a log point) around R allreduces of N floats.
+_ALLREDUCE_WORKER = """
+import json, sys, time, torch
+from commlab.core import Communicator, init_runtime, shutdown_runtime
+n, repeats, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+rt = init_runtime("gloo", 60)
+comm = Communicator()
+x = torch.ones(n)
+comm.all_reduce(x)  # connections up, buffers warm
+time.sleep(0.5)     # both ranks done, the last acknowledgements sent
+a = comm.stats.totals()
+for _ in range(repeats):
+    comm.all_reduce(x)
+time.sleep(0.5)
+b = comm.stats.totals()
+json.dump({k: b[k] - a[k] for k in b}, open(f"{out}/rank{rt.rank}.json", "w"))
+shutdown_runtime()
+"""
+
+
+@needs_root
+def test_allreduce_on_the_wire_is_the_accounted_formula_plus_headers(tmp_path):
+    """2 emulated workers, 4 allreduces of 250k floats: each rank's link carries the accounted
+    bytes (gloo's ring: n floats sent per rank at P = 2), gloo's framing per message and one set
+    of Ethernet/IP/TCP headers per frame, nothing more."""
+    from commlab.core.costs import GLOO_FRAMING_BYTES, ring_allreduce_cost, ring_allreduce_messages
+
+    n, repeats = 250_000, 4
+    with EmulatedNetwork(2, NetworkSpec(verify=False)) as net:
+        before = net.counters()
+        rc = run_in_network(net, ["-c", _ALLREDUCE_WORKER, str(n), str(repeats), str(tmp_path)],
+                            log=str(tmp_path / "workers.log"))
+        after = net.counters()
+    assert rc == 0, (tmp_path / "workers.log").read_text()[-2000:]
+    for rank in range(2):
+        d = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        accounted = repeats * 4 * ring_allreduce_cost(n, 2, rank)[0]
+        assert d["bytes_sent"] == accounted == repeats * 4 * n
+        assert d["messages_sent"] == repeats * ring_allreduce_messages(n, 2, rank) == repeats * 4
+        framing = GLOO_FRAMING_BYTES * d["messages_sent"]  # symmetric ring: as many received as sent
+        headers = netem.FRAME_HEADER_BYTES * d["wire_tx_packets"]
+        assert accounted < d["wire_tx_bytes"] <= accounted + framing + headers + 0.002 * accounted
+        assert abs(wire.payload(d) - accounted - framing) <= 0.002 * accounted
+    # From outside, the namespaces' counters see the same link: what rank 0 sent, rank 1 received.
+    whole = wire.counters_delta(before, after)["per_rank"]
+    assert whole[0]["wire_tx_bytes"] == pytest.approx(whole[1]["wire_rx_bytes"], rel=0.01)
+    assert whole[0]["wire_tx_bytes"] > repeats * 4 * n
+
+
+def test_wire_windows_per_rank_and_summed(tmp_path):
+    def line(point, sent, tx, packets, ops):
+        return {"point": point, "bytes_sent": sent, "bytes_recv": sent, "messages_sent": point * 2,
+                "wire_tx_bytes": tx, "wire_rx_bytes": tx, "wire_tx_packets": packets, "wire_rx_packets": packets,
+                "by_op": ops}
+
+    for rank in range(2):
+        lines = [line(0, 0, 500, 5, {}),
+                 line(1, 1000 * (rank + 1), 2000 + 1000 * (rank + 1), 10, {"all_reduce": {"bytes_sent": 1000,
+                                                                                          "messages_sent": 2}}),
+                 line(2, 3000 * (rank + 1), 6000 * (rank + 1), 25, {"all_reduce": {"bytes_sent": 3000,
+                                                                                   "messages_sent": 4}})]
+        (tmp_path / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    logs = wire.read_logs(tmp_path, 2)
+    w = wire.window(logs, 1, 2, steps=4)
+    assert w["log_points"] == 1 and w["steps"] == 4
+    assert [r["bytes_sent"] for r in w["per_rank"]] == [500, 1000]  # (3000 - 1000) / 4, (6000 - 2000) / 4
+    assert w["per_rank"][0]["wire_tx_payload"] == (6000 - 3000 - 15 * netem.FRAME_HEADER_BYTES) / 4
+    assert w["sum"]["bytes_sent"] == 1500 and w["sum"]["messages_sent"] == 1
+    assert w["sum"]["by_op"] == {"all_reduce": {"bytes_sent": 1000, "messages_sent": 1}}
+    assert w["sum"]["payload_over_accounted"] == pytest.approx(w["sum"]["wire_tx_payload"] / 1500)
+    summary = json.loads(wire.write_summary(tmp_path, 2).read_text())
+    assert summary["log_points"] == 2 and summary["sum"]["bytes_sent"] == 3000 + 6000
+    with pytest.raises(ValueError, match="rank 0 logged 3 points"):
+        wire.window(logs, 0, 3, steps=1)
+    with pytest.raises(FileNotFoundError, match="rank 2"):
+        wire.read_logs(tmp_path, 3)
+
+
+def test_the_launcher_and_the_workers_name_the_same_variables():
+    from commlab.core import stats
+
+    assert (netem.WIRE_INTERFACE_ENV, netem.WIRE_LOG_ENV) == (stats.INTERFACE_ENV, stats.WIRE_LOG_ENV)
+    net = EmulatedNetwork(2, NetworkSpec())
+    assert net.env(1)[stats.INTERFACE_ENV] == netem.INTERFACE

@@ -14,7 +14,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.core.communicator import ring_allreduce_cost
+from commlab.core.costs import ring_allreduce_cost, ring_allreduce_messages
 from commlab.registry import ALGORITHMS
 
 
@@ -54,6 +54,8 @@ class DDP(Algorithm):
 
     def after_backward(self, info: StepInfo) -> None:
         # Account for the allreduce DDP already ran inside backward (time is inside compute).
-        sent, recv = ring_allreduce_cost(self._numel, self.comm.size, self.comm.rank)
-        self.comm.stats.record("ddp_all_reduce", "global", sent, recv, self._esize, 0.0)
+        n, p, i = self._numel, self.comm.size, self.comm.rank
+        sent, recv = ring_allreduce_cost(n, p, i, self._esize)
+        self.comm.stats.record("ddp_all_reduce", "global", sent, recv, self._esize, 0.0,
+                               ring_allreduce_messages(n, p, i, self._esize))
         self.comm.stats.add_reduction("global")

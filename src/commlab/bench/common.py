@@ -4,7 +4,10 @@ Every benchmark writes ``reports/bench/<name>.json`` (machine-readable, with an 
 block naming the host, the device and the commit) and ``reports/bench/<name>.md`` (a short
 summary). Training-based benchmarks run ``commlab train`` on their workers, on loopback or inside
 an :class:`~commlab.launch.netem.EmulatedNetwork`, with a private MLflow store, and read the logged
-cumulative counters back to get per-step time, compute, bytes and collectives.
+cumulative counters back to get per-step time, compute, bytes and collectives. On emulated links
+every run also keeps each rank's log-point totals beside its link's counters
+(:mod:`commlab.launch.wire`), from which :func:`wire_summary` takes the bytes on the wire of the
+measured window.
 """
 
 from __future__ import annotations
@@ -171,7 +174,11 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     if net is None:
         rc = run_on_loopback(argv, config["workers"], extra_env=env, log=log)
     else:
-        rc = run_in_network(net, argv, extra_env=env, log=log)
+        from commlab.core.stats import WIRE_LOG_ENV
+
+        before = net.counters()
+        rc = run_in_network(net, argv, extra_env={**env, WIRE_LOG_ENV: str(folder / "wire")}, log=log)
+        wire_run = (before, net.counters())
     result = {"rc": rc, "seconds": time.perf_counter() - t0, "points": [], "final": {}, "log": log}
     if rc != 0 or not sentinel.exists():
         tail = Path(log).read_text(errors="replace")[-1500:] if Path(log).exists() else ""
@@ -180,6 +187,11 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     record = json.loads(sentinel.read_text())
     result["final"] = record.get("final", {})
     result["points"] = metric_points(workdir.uri, record["run_id"])
+    if net is not None:
+        from commlab.launch.wire import counters_delta, read_logs
+
+        result["wire_logs"] = read_logs(folder / "wire", config["workers"])
+        result["wire_run"] = counters_delta(*wire_run)
     return result
 
 
@@ -221,6 +233,29 @@ def step_summary(points: list[dict], workers: int, batch: int, from_step: int = 
             "bytes_per_step": per_step("bytes_sent"),
             "collectives_per_step": per_step("collectives_global") + per_step("collectives_local"),
             "reductions_per_step": per_step("reductions_global")}
+
+
+def wire_summary(result: dict, from_step: int = 0) -> dict:
+    """Bytes on the wire of an emulated run's measured window (the same log points as
+    :func:`step_summary`), per step: ``per_rank`` and ``sum`` of the accounted bytes and the link's
+    counters, and the whole run's counters (``run``: rendezvous, warm-up and evaluation included).
+
+    Every rank's log has one line per log point, in order; rank 0's accounted bytes at each line
+    must equal its logged ``bytes_sent``, which checks that line and step agree."""
+    from commlab.launch.wire import window
+
+    logged = [p for p in result["points"] if "wall_seconds" in p]
+    logs = result["wire_logs"]
+    if len(logs[0]) != len(logged) or any(line["bytes_sent"] != p.get("bytes_sent", line["bytes_sent"])
+                                          for line, p in zip(logs[0], logged, strict=False)):
+        raise ValueError(f"rank 0's wire log ({len(logs[0])} points) does not match its logged points "
+                         f"({len(logged)}): cannot place the window")
+    first = next(i for i, p in enumerate(logged) if p["step"] >= from_step)
+    last = len(logged) - 1
+    out = window(logs, first, last, logged[last]["step"] - logged[first]["step"])
+    out["from_step"], out["to_step"] = logged[first]["step"], logged[last]["step"]
+    out["run"] = result["wire_run"]
+    return out
 
 
 @functools.cache

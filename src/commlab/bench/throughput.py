@@ -11,6 +11,9 @@ them (``--options defaults``: their own defaults), dense warm-up included, and t
 after the warm-up ends (``--max-steps`` steps of the method itself; ``--no-warmup`` skips the
 warm-up instead). With ``--repeats R`` the methods are interleaved R times and the median is reported.
 Emulated links need root and iproute2; without them those columns are skipped with the reason.
+On emulated links each run also records the bytes its links carried in the measured window, per
+rank and summed, beside the accounted bytes (``wire`` in the JSON; ``commlab bench wire`` turns
+them into a table).
 
     commlab bench throughput                                   # all methods, loopback/1000/100
     commlab bench throughput --methods ssgd ddp --networks loopback --max-steps 10
@@ -35,6 +38,7 @@ from commlab.bench.common import (
     run_training,
     steady_config,
     step_summary,
+    wire_summary,
     write_report,
 )
 from commlab.registry import BENCHMARKS
@@ -66,11 +70,18 @@ def measure_methods(args, methods: list[str], networks: list, workers: int, work
                         row.update(step_summary(result["points"], workers, args.batch_size, from_step=warm))
                         row["warmup_steps"] = warm
                         row["final_train_loss"] = result["final"].get("train_loss")
+                        if emulated:
+                            row["wire"] = wire_summary(result, from_step=warm)
                     rows.append(row)
                     print(f"[throughput] {name} {method} (repeat {repeat}): "
                           + (f"{row['samples_per_s']:.0f} samples/s" if "samples_per_s" in row else "FAILED"),
                           flush=True)
     return rows, skipped
+
+
+#: Summary keys from each emulated run's wire window (summed over ranks, per step): median over repeats.
+WIRE_SUMMARY = {"accounted_bytes_all_ranks": "bytes_sent", "wire_bytes_all_ranks": "wire_tx_bytes",
+                "wire_payload_all_ranks": "wire_tx_payload", "wire_over_accounted": "payload_over_accounted"}
 
 
 def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list[dict]:
@@ -94,6 +105,10 @@ def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list
                     entry[key] = statistics.median(r[key] for r in ok)
                 entry["ratio_to_ssgd"] = entry["samples_per_s"] / dense_rate if dense_rate else None
                 entry["measured_link_mbit"] = ok[0].get("measured_link_mbit")
+                wired = [r["wire"]["sum"] for r in ok if "wire" in r]
+                for key, source in WIRE_SUMMARY.items():
+                    if values := [w[source] for w in wired if source in w]:
+                        entry[key] = statistics.median(values)
             table.append(entry)
     return table
 
@@ -140,17 +155,22 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
             line[f"{net}_rate"] = entry.get("samples_per_s")
             line[f"{net}_ratio"] = entry.get("ratio_to_ssgd") if "error" not in entry else "failed"
             line["bytes_per_step"] = line.get("bytes_per_step") or entry.get("bytes_per_step")
+            line[f"{net}_wire"] = entry.get("wire_over_accounted")
         wide.append(line)
     columns = [("method", "method")]
     for net in names:
         if net not in skipped:
             columns += [(f"{net}_rate", f"{net} samples/s"), (f"{net}_ratio", f"{net} / ssgd")]
     columns.append(("bytes_per_step", "bytes sent/step (rank 0)"))
+    columns += [(f"{net}_wire", f"{net} wire payload / accounted") for net in names
+                if net != "loopback" and net not in skipped]
     md = [f"Samples/s of each method ({args.model}, {args.dataset}, {args.workers} workers x batch "
           f"{args.batch_size}, {args.max_steps} steps, median of {args.repeats}"
           + (", dense warm-up steps off" if args.no_warmup else ", measured after the dense warm-up")
           + (", the paper grids' method options" if args.options == "grid" else ", default method options")
-          + "), and its ratio to dense ssgd measured in the same invocation.", "", md_table(wide, columns)]
+          + "), and its ratio to dense ssgd measured in the same invocation. On emulated links, the bytes "
+          "the links carried (payload, all ranks) over the bytes accounted, in the same steps "
+          "(`commlab bench wire` explains each).", "", md_table(wide, columns)]
     for net, reason in skipped.items():
         md += ["", f"{net}: skipped ({reason})"]
     failed = [e for e in table if "error" in e]

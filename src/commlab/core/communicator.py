@@ -2,25 +2,34 @@
 
 It wraps torch.distributed for the world or for a subgroup and records, per call, the operation,
 the scope (``global`` for the whole world, ``local`` for a subgroup), the elements and bytes this
-rank sent and received, and the wall time. The numbers are the *standard cost* of the algorithm
-each backend runs (gloo and NCCL both use rings for these sizes), computed exactly from the tensor
-shapes rather than estimated:
+rank sent and received, the point-to-point messages it sent, and the wall time. The numbers are
+the cost of the algorithm gloo runs for each call (:mod:`commlab.core.costs`), computed exactly
+from the tensor shapes rather than estimated, and checked against the bytes emulated links carry
+(docs/network.md, "Bytes on the wire"):
 
 =====================  =====================================================================
-operation              elements sent / received by rank i of P (n elements, chunks c_j)
+operation              elements sent / received by rank i of P (n elements), messages sent
 =====================  =====================================================================
-all_reduce (ring)      sent = 2n - c_{i+1} - c_{i+2},  recv = 2n - c_i - c_{i+1}
-                       (reduce-scatter then allgather; = 2n(P-1)/P each when P divides n)
-all_gather (ring)      sent = recv = (P-1) m          (m elements per rank)
-reduce_scatter (ring)  sent = recv = (P-1) n / P
-broadcast (pipeline)   recv = n unless root;  sent = n unless i is the ring predecessor of root
-all_to_all             sent = sum of splits to others, recv = sum of splits from others
+all_reduce (ring)      sent = 2n - g_i - g_{i-1},  recv = 2n - g_i - g_{i+1}  (gloo's chunks g_j,
+                       below; = 2n(P-1)/P each when they are even); one message per non-empty
+                       segment sent (up to 2(P-1) S/P)
+all_gather (ring)      sent = recv = (P-1) m (m elements per rank); 2(P-1) messages (halves)
+reduce_scatter         sent = recv = (P-1) n / P: on gloo one all_to_all of the P blocks and a
+                       local sum (gloo's own reduce_scatter allreduces all n); P-1 messages
+broadcast (binomial)   recv = n unless root;  sent = n per child in the tree: the root
+                       ceil(log2 P) copies, ranks in the last half none
+all_to_all             sent = sum of splits to others, recv = sum of splits from others; P-1
 all_gatherv            sizes exchanged by all_gather, then all_to_all: sent = (P-1) n_i,
                        recv = sum_{j != i} n_j
-send / recv            n
+send / recv            n; one message (the sender's)
+barrier                nothing; ceil(log2 P) empty messages
 =====================  =====================================================================
 
-Chunks follow the ring convention c_j = n // P + (1 if j < n % P else 0), indices mod P.
+gloo's ring cuts the tensor into S = roundUp(max(ceil(bytes / 1 MiB), 2P), P) segments of
+ceil(n / S) elements; rank j's chunk g_j is S/P consecutive segments (so the last chunks may be
+short or empty). Every message also costs gloo's framing on the wire
+(:data:`~commlab.core.costs.GLOO_FRAMING_BYTES`), which the byte counts leave out: they count
+tensor data, as the papers do.
 
 A *reduction* is a semantic event (one gradient or model synchronisation), which may take several
 collectives (buckets, a scalar side-channel): methods mark it with ``with comm.reduction():`` so
@@ -36,6 +45,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,22 +54,17 @@ import torch
 import torch.distributed as dist
 
 from commlab.core.control import collective_device
+from commlab.core.costs import (
+    broadcast_sends,
+    ring_allreduce_cost,
+    ring_allreduce_messages,
+    ring_chunks,
+)
 from commlab.core.stats import CommStats
 
+__all__ = ["Communicator", "Pending", "ring_allreduce_cost", "ring_chunks"]
+
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-
-
-def ring_chunks(n: int, p: int) -> list[int]:
-    """Chunk sizes of an ``n``-element tensor split over a ring of ``p`` ranks."""
-    return [n // p + (1 if j < n % p else 0) for j in range(p)]
-
-
-def ring_allreduce_cost(n: int, p: int, i: int) -> tuple[int, int]:
-    """Elements (sent, received) by rank ``i`` in a ring allreduce of ``n`` elements."""
-    if p == 1:
-        return 0, 0
-    c = ring_chunks(n, p)
-    return 2 * n - c[(i + 1) % p] - c[(i + 2) % p], 2 * n - c[i] - c[(i + 1) % p]
 
 
 # torch 2.14 renamed the flat collectives; use the new names where they exist.
@@ -125,8 +130,13 @@ class Communicator:
         self.stats.add_reduction(self.scope)
         yield
 
-    def _record(self, op: str, sent: int, recv: int, esize: int, seconds: float) -> None:
-        self.stats.record(op, self.scope, sent, recv, esize, seconds)
+    def _record(self, op: str, sent: int, recv: int, esize: int, seconds: float, messages: int = 0) -> None:
+        self.stats.record(op, self.scope, sent, recv, esize, seconds, messages)
+
+    def _record_all_reduce(self, tensor: torch.Tensor, seconds: float) -> None:
+        n, esize = tensor.numel(), tensor.element_size()
+        sent, recv = ring_allreduce_cost(n, self.size, self.rank, esize)
+        self._record("all_reduce", sent, recv, esize, seconds, ring_allreduce_messages(n, self.size, self.rank, esize))
 
     def _sync_device(self, t: torch.Tensor) -> None:
         # CUDA collectives are asynchronous: time them to completion so seconds mean something.
@@ -143,8 +153,7 @@ class Communicator:
         if op == "avg":
             tensor.div_(self.size)
         self._sync_device(tensor)
-        sent, recv = ring_allreduce_cost(tensor.numel(), self.size, self.rank)
-        self._record("all_reduce", sent, recv, tensor.element_size(), time.perf_counter() - t0)
+        self._record_all_reduce(tensor, time.perf_counter() - t0)
         return tensor
 
     def all_reduce_async(self, tensor: torch.Tensor, op: str = "sum") -> Pending:
@@ -156,8 +165,7 @@ class Communicator:
             raise ValueError(f"async op must be 'sum' or 'avg', got {op!r}")
         t0 = time.perf_counter()
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-        sent, recv = ring_allreduce_cost(tensor.numel(), self.size, self.rank)
-        self._record("all_reduce", sent, recv, tensor.element_size(), time.perf_counter() - t0)
+        self._record_all_reduce(tensor, time.perf_counter() - t0)
         return Pending(work, self, op, t0, result=tensor)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
@@ -165,10 +173,9 @@ class Communicator:
         t0 = time.perf_counter()
         dist.broadcast(tensor, src=self._global_ranks[src], group=self.group)
         self._sync_device(tensor)
-        n, p = tensor.numel(), self.size
-        recv = 0 if self.rank == src or p == 1 else n
-        sent = 0 if p == 1 or self.rank == (src - 1) % p else n
-        self._record("broadcast", sent, recv, tensor.element_size(), time.perf_counter() - t0)
+        n, copies = tensor.numel(), broadcast_sends(self.size, self.rank, src)
+        recv = 0 if self.rank == src else n
+        self._record("broadcast", n * copies, recv, tensor.element_size(), time.perf_counter() - t0, copies)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -180,7 +187,8 @@ class Communicator:
         out = out.view(self.size, *tensor.shape)
         self._sync_device(out)
         m = tensor.numel() * (self.size - 1)
-        self._record("all_gather", m, m, tensor.element_size(), time.perf_counter() - t0)
+        messages = 2 * (self.size - 1) if m else 0  # the ring in halves; nothing for an empty tensor
+        self._record("all_gather", m, m, tensor.element_size(), time.perf_counter() - t0, messages)
         return out
 
     def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
@@ -193,12 +201,20 @@ class Communicator:
             (tensor.shape[0] // self.size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
         )
         t0 = time.perf_counter()
-        _reduce_scatter_flat(out.view(-1), tensor.contiguous().view(-1), group=self.group)
+        flat = tensor.contiguous().view(-1)
+        if self.size > 1 and dist.get_backend(self.group) == "gloo":
+            # gloo's reduce_scatter allreduces the whole input (2(P-1)/P n per rank on the wire);
+            # exchanging the blocks directly moves the (P-1)/P n of the textbook reduce-scatter.
+            blocks = torch.empty_like(flat)
+            dist.all_to_all_single(blocks, flat, group=self.group)
+            torch.sum(blocks.view(self.size, -1), dim=0, out=out.view(-1))  # rank order: deterministic
+        else:
+            _reduce_scatter_flat(out.view(-1), flat, group=self.group)
         if op == "avg":
             out.div_(self.size)
         self._sync_device(out)
         m = out.numel() * (self.size - 1)
-        self._record("reduce_scatter", m, m, tensor.element_size(), time.perf_counter() - t0)
+        self._record("reduce_scatter", m, m, tensor.element_size(), time.perf_counter() - t0, self.size - 1)
         return out
 
     # ------------------------------------------------------------------ variable-size collectives
@@ -225,7 +241,7 @@ class Communicator:
         self._sync_device(out)
         sent = (sum(send_counts) - send_counts[self.rank]) * row
         recv = (sum(recv_counts) - recv_counts[self.rank]) * row
-        self._record("all_to_all", sent, recv, tensor.element_size(), time.perf_counter() - t0)
+        self._record("all_to_all", sent, recv, tensor.element_size(), time.perf_counter() - t0, self.size - 1)
         return out, list(recv_counts)
 
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
@@ -240,7 +256,7 @@ class Communicator:
             dist.all_to_all_single(out, counts, group=self.group)
         self._sync_device(out)
         m = self.size - 1
-        self._record("all_to_all_counts", m, m, 8, time.perf_counter() - t0)
+        self._record("all_to_all_counts", m, m, 8, time.perf_counter() - t0, m)
         return out.tolist()
 
     def all_gatherv(self, tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -271,7 +287,7 @@ class Communicator:
         if wire.is_cuda and self._stage_p2p:
             wire = wire.cpu()
         dist.send(wire, dst=self._global_ranks[dst], group=self.group)
-        self._record("send", tensor.numel(), 0, tensor.element_size(), time.perf_counter() - t0)
+        self._record("send", tensor.numel(), 0, tensor.element_size(), time.perf_counter() - t0, 1)
 
     def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         t0 = time.perf_counter()
@@ -287,4 +303,5 @@ class Communicator:
     def barrier(self) -> None:
         t0 = time.perf_counter()
         dist.barrier(group=self.group)
-        self._record("barrier", 0, 0, 0, time.perf_counter() - t0)
+        rounds = math.ceil(math.log2(self.size)) if self.size > 1 else 0
+        self._record("barrier", 0, 0, 0, time.perf_counter() - t0, rounds)

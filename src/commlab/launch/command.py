@@ -19,6 +19,10 @@
   ``nccl`` is refused: NCCL's P2P/SHM transports would bypass the shaped links). The links as
   built and their measured throughput reach the workers as a config override
   (``network.emulated``), so that rank 0 logs them as MLflow params.
+  Every log point also samples each worker's interface counters (rank 0 logs them as ``wire_*``
+  metrics; every rank appends them, beside its accounted bytes, to ``<run dir>/wire/rank<r>.jsonl``)
+  and the launcher sums the first to last log point per rank and over the ranks in
+  ``<run dir>/wire/summary.json`` (docs/network.md, "Bytes on the wire").
 
 The config is validated here first, so a bad key fails before any worker starts.
 """
@@ -90,7 +94,9 @@ class FailureRecord:
 def launch_emulated(config: dict, config_path: str, sentinel: str | None, section: dict,
                     failures: FailureRecord) -> int:
     """Start the workers in an emulated network; always tear it down."""
-    from commlab.launch.netem import EmulatedNetwork, NetemError, NetworkSpec, Terminated
+    from commlab.config import run_dir
+    from commlab.launch.netem import WIRE_LOG_ENV, EmulatedNetwork, NetemError, NetworkSpec, Terminated
+    from commlab.launch.wire import write_summary
 
     try:
         spec = NetworkSpec.from_config(section)
@@ -110,12 +116,18 @@ def launch_emulated(config: dict, config_path: str, sentinel: str | None, sectio
         print(f"[commlab launch] emulated network {net.run_id}: " + ", ".join(
             f"{k.removeprefix('network_')}={v}" for k, v in params.items()), flush=True)
         rc = 1
+        wire = run_dir(config) / "wire"
+        shutil.rmtree(wire, ignore_errors=True)  # counters start again with every network
         for attempt in range(config.get("max_restarts", 0) + 1):
             if attempt:
                 print(f"[commlab launch] restart {attempt}: workers resume from the last checkpoint", flush=True)
             rc = run_in_network(net, train_argv(config_path, sentinel, [network_override(net), "backend=gloo"]),
-                                on_failure=failures)
+                                extra_env={WIRE_LOG_ENV: str(wire)}, on_failure=failures)
             if rc == 0:
+                try:
+                    write_summary(wire, config["workers"])
+                except (OSError, ValueError) as err:  # the run itself succeeded: say so, do not fail it
+                    print(f"[commlab launch] no wire summary: {err}", file=sys.stderr, flush=True)
                 break
         return rc
     except Terminated as err:

@@ -24,6 +24,11 @@ SIGTERM/SIGINT/SIGHUP (handlers raise :class:`Terminated`, so ``finally`` blocks
 The shaping is verified, not assumed: at start a TCP stream from worker 0 to worker 1 measures
 the point-to-point throughput, returned in :attr:`EmulatedNetwork.params` for MLflow.
 
+Every byte a worker sends or receives crosses its ``eth0``, whose kernel counters therefore
+measure the run's real traffic (docs/network.md, "Bytes on the wire"): :meth:`EmulatedNetwork.counters`
+reads them from outside, and each worker is told its interface (``COMMLAB_WIRE_INTERFACE``) so
+that its log points carry them too (:class:`commlab.core.stats.WireMeter`).
+
 Usage (as root)::
 
     spec = NetworkSpec(bandwidth_mbit=1000)
@@ -38,6 +43,7 @@ Addresses come from 198.18.0.0/15, the range reserved for network benchmarking (
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import re
 import secrets
@@ -52,6 +58,15 @@ from dataclasses import dataclass
 
 PREFIX = "commlab"
 INTERFACE = "eth0"  # the worker side of each veth, inside the worker's namespace
+# Bytes of headers in every frame the counters count: Ethernet 14, IPv4 20, TCP 20 + 12 of the
+# timestamp option (Linux's default); a frame's payload is its length minus these. With
+# segmentation offload one counted "packet" may be a larger segment, which still has one header.
+FRAME_HEADER_BYTES = 66
+# Name the worker's interface to its log points and the folder of every rank's log
+# (commlab.core.stats.INTERFACE_ENV and WIRE_LOG_ENV; spelled out here so that the launcher does
+# not import torch through commlab.core).
+WIRE_INTERFACE_ENV = "COMMLAB_WIRE_INTERFACE"
+WIRE_LOG_ENV = "COMMLAB_WIRE_LOG"
 _NAME = re.compile(rf"^{PREFIX}-(\d+)x([0-9a-f]+)-(hub|r\d+)$")
 
 
@@ -273,7 +288,17 @@ class EmulatedNetwork:
     def env(self, rank: int) -> dict[str, str]:
         """Environment for worker ``rank``: gloo binds the shaped interface, rendezvous at worker 0."""
         return {"GLOO_SOCKET_IFNAME": INTERFACE, "TP_SOCKET_IFNAME": INTERFACE,
-                "MASTER_ADDR": self.master_addr}
+                "MASTER_ADDR": self.master_addr, WIRE_INTERFACE_ENV: INTERFACE}
+
+    def counters(self) -> list[dict[str, int]]:
+        """Every worker's interface counters now (``tx_bytes``, ``rx_bytes``, ``tx_packets``,
+        ``rx_packets``, cumulative since :meth:`up`), in rank order, read from outside the workers."""
+        out = []
+        for rank in range(self.world_size):
+            text = _run(["ip", "-n", self.namespace(rank), "-s", "-j", "link", "show", INTERFACE]).stdout
+            stats = json.loads(text)[0]["stats64"]
+            out.append({f"{d}_{k}": int(stats[d][k]) for d in ("tx", "rx") for k in ("bytes", "packets")})
+        return out
 
     # ------------------------------------------------------------------ life cycle
     def __enter__(self) -> EmulatedNetwork:
