@@ -23,6 +23,7 @@ exits with 143 (preempted, resumable) and marks the run KILLED; an error marks i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -30,13 +31,11 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from commlab.algorithms.base import AlgoContext, StepInfo
 from commlab.config import run_dir
 from commlab.core import CommStats, Communicator, init_runtime, seed_everything, shutdown_runtime
 from commlab.core.runtime import name_worker_process
-from commlab.loop.batches import RunData
 from commlab.loop.checkpoint import load_checkpoint, save_checkpoint
 from commlab.loop.display import ProgressDisplay
 from commlab.loop.evaluation import evaluate_on_main
@@ -53,6 +52,7 @@ from commlab.loop.runstate import (
     rng_state,
     set_rng_state,
 )
+from commlab.loop.tasks import build_task
 from commlab.models import build_model
 from commlab.optim import lr_at, set_lr
 from commlab.options import parse_options
@@ -110,11 +110,11 @@ def steps(run: Run, stop: StopSignal) -> None:
         if p.pos == data.steps_per_epoch:
             run.end_epoch()
             continue
-        batches = data.epoch_batches(p.epoch, run.rt.rank, run.rt.world_size)
-        while p.pos < data.steps_per_epoch and p.step < data.total_steps:
-            run.step(batches[p.pos])
-            if (p.step % run.log_every == 0 or p.step == data.total_steps) and run.log_point(stop.requested):
-                raise Preempted()
+        with contextlib.closing(data.batches(p.epoch, p.pos)) as batches:  # closed: loader workers stop
+            while p.pos < data.steps_per_epoch and p.step < data.total_steps:
+                run.step(next(batches))
+                if (p.step % run.log_every == 0 or p.step == data.total_steps) and run.log_point(stop.requested):
+                    raise Preempted()
 
 
 class Run:
@@ -126,11 +126,9 @@ class Run:
         self.ckpt_dir = self.out / "checkpoints"
         self.log_every = self.tcfg["log_every"]
         self.step_delay_s = float((config.get("testing") or {}).get("step_delay_s", 0))
-        self.data = data = RunData(config, rt.world_size)
-        self.aug_gen = torch.Generator().manual_seed(config["seed"] * 7919 + rt.rank)
-
-        spec = data.spec
-        self.model = build_model(config["model"], spec.channels, spec.num_classes, spec.image_size).to(rt.device)
+        # The run's task (commlab.loop.tasks): its data on this rank, loss and test metrics.
+        self.data = data = build_task(config, rt)
+        self.model = build_model(config["model"], **data.model_inputs(), **config["model_options"]).to(rt.device)
         self.comm = Communicator(stats=CommStats())
         algo_cls = ALGORITHMS.get(config["method"])
         if options is None:
@@ -167,7 +165,7 @@ class Run:
         self.algo.load_state_dict(state["algorithm"])
         self.comm.stats.load_state_dict(state["stats"])
         set_rng_state(state["rng"])
-        self.aug_gen.set_state(state["aug_rng"])
+        self.data.load_state_dict(state.get("task", {}))
         p = self.p = Progress.from_state(state["progress"])
         if self.rt.is_main:
             print(f"[commlab] resuming from the checkpoint at step {p.step} (epoch {p.epoch})"
@@ -192,17 +190,16 @@ class Run:
             tags["network"] = str(emulated.get("network_label", emulated.get("network_bandwidth_mbit")))
         return tags
 
-    def step(self, idx: torch.Tensor) -> None:
-        """One optimizer step on this rank's samples ``idx``."""
+    def step(self, batch) -> None:
+        """One optimizer step on this rank's ``batch`` (the task's, on the device)."""
         p, algo, optimizer, stats = self.p, self.algo, self.optimizer, self.comm.stats.counters
-        xb, yb = self.data.batch(idx, self.aug_gen, self.rt.device)
         self.lr = lr_at(p.step, self.data.steps_per_epoch, self.data.total_steps, self.tcfg)
         set_lr(optimizer, self.lr)
         info = StepInfo(p.step, p.epoch, self.lr)
 
         t0, comm0 = time.perf_counter(), stats["comm_seconds"] + stats["blocked_seconds"]
         optimizer.zero_grad(set_to_none=False)
-        loss = F.cross_entropy(algo.forward_model(xb), yb)
+        loss = self.data.loss(algo.forward_model, batch)
         loss.backward()
         algo.after_backward(info)
         if self.tcfg.get("grad_clip"):
@@ -260,15 +257,15 @@ class Run:
         if p.done:
             return
         self.algo.finish()
-        if p.pos != 0 or "test_accuracy" not in p.final:  # stopped by max_steps mid-epoch
+        if p.pos != 0 or "test_loss" not in p.final:  # stopped by max_steps mid-epoch
             self.evaluate()
         p.done = True
         self.checkpoint()
 
     def evaluate(self) -> None:
-        test_loss, test_acc = evaluate_on_main(self.algo, self.data, self.tcfg["eval_batch_size"], self.rt)
-        self.p.final.update(test_loss=test_loss, test_accuracy=test_acc)
-        self.logger.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, self.p.step)
+        metrics = evaluate_on_main(self.algo, self.data, self.rt)
+        self.p.final.update(metrics)
+        self.logger.log_metrics(metrics, self.p.step)
 
     def wall_s(self) -> float:
         return self.p.wall_s + time.perf_counter() - self.t_start
@@ -277,6 +274,6 @@ class Run:
         save_checkpoint(self.ckpt_dir, self.p.step, self.rt.rank, self.rt.world_size, {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(), "rng": rng_state(),
-            "aug_rng": self.aug_gen.get_state(), "fingerprint": fingerprint(self.config),
+            "task": self.data.state_dict(), "fingerprint": fingerprint(self.config),
             "progress": {**self.p.state_dict(), "wall_s": self.wall_s()},
         })

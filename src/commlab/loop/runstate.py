@@ -88,8 +88,8 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-FINGERPRINT_KEYS = ("method", "method_params", "model", "dataset", "seed", "train.batch_size",
-                    "train.optimizer", "train.train_subset")
+FINGERPRINT_KEYS = ("method", "method_params", "model", "model_options", "dataset", "seed", "train.batch_size",
+                    "train.optimizer", "train.train_subset", "task")
 
 
 def fingerprint(config: dict) -> dict:
