@@ -19,6 +19,7 @@ rank and in any loader worker, and after a resume), normalised on the device.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from collections.abc import Iterator
 
@@ -104,14 +105,22 @@ class StreamedImages:
         self.pin = device.type == "cuda" if pin is None else bool(pin)
         self.prefetch = loader.get("prefetch_factor", 2)
         self.normalise = normaliser(data.spec.mean, data.spec.std, device)
+        # Imported here, once: the workers forked for every epoch inherit it instead of each
+        # importing torchvision (seconds) anew.
+        import torchvision.transforms.functional  # noqa: F401
 
     @property
     def n_train(self) -> int:
         return len(self.train) if self.train_rows is None else len(self.train_rows)
 
     def _loader(self, dataset, batches: list[list]) -> torch.utils.data.DataLoader:
+        # Workers forked from the rank: they start at once, with the manifest and torchvision
+        # already in memory (a fork server or spawn, the default where the rank itself was so
+        # started, pickles the dataset and imports anew: seconds per epoch). They never touch CUDA.
+        context = "fork" if self.workers and "fork" in multiprocessing.get_all_start_methods() else None
         return torch.utils.data.DataLoader(dataset, batch_sampler=batches, num_workers=self.workers,
-                                           pin_memory=self.pin, prefetch_factor=self.prefetch if self.workers else None)
+                                           pin_memory=self.pin, prefetch_factor=self.prefetch if self.workers else None,
+                                           multiprocessing_context=context)
 
     def _to_device(self, loader) -> Iterator[Batch]:
         for x, y in loader:
