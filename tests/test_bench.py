@@ -17,12 +17,12 @@ def _read(path):
 
 
 def test_registered():
-    for name in ("collectives", "throughput", "time_to_accuracy", "scaling"):
+    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "loader"):
         assert name in BENCHMARKS.names()
 
 
 def test_help_exits_cleanly(capsys):
-    for name in ("collectives", "throughput", "time_to_accuracy", "scaling"):
+    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "loader"):
         with pytest.raises(SystemExit) as exc:
             BENCHMARKS.get(name)(["--help"], None)
         assert exc.value.code == 0
@@ -91,3 +91,17 @@ def test_time_to_accuracy_tiny(tmp_path):
     assert ssgd["reached"] and ssgd["step"] == 8, ssgd  # 256 / (2 x 16) steps: the first evaluation
     assert ssgd["speedup_vs_ssgd"] == pytest.approx(1.0)
     assert [c["step"] for c in ssgd["curve"]] == [8, 16]
+
+
+def test_loader_tiny(tmp_path):
+    """Both loaders read a given folder side by side; the ratio is the quotient of their medians."""
+    from commlab.bench.loader import generate_image_folder
+
+    folder = generate_image_folder(tmp_path / "images", classes=2, per_class=8, val_per_class=1)
+    out = tmp_path / "loader.json"
+    assert BENCHMARKS.get("loader")(["--folder", str(folder), "--workers", "1", "--batch", "4", "--size", "32",
+                                     "--warmup", "1", "--batches", "2", "--repeats", "2"], str(out)) == 0
+    data = _read(out)
+    rows = {r["loader"]: r for r in data["results"]}
+    assert set(rows) == {"streamed", "torchvision"} and all(len(r["repeats"]) == 2 for r in rows.values())
+    assert data["ratio"] == pytest.approx(rows["streamed"]["images_per_s"] / rows["torchvision"]["images_per_s"])

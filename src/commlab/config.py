@@ -114,7 +114,7 @@ def validate_config(config: dict) -> Any:
     wanted, task = DATASETS.get(config["dataset"]).task, model_task(config["model"])
     if task != wanted:
         fits = [m for m in MODELS.names() if model_task(m) == wanted]
-        raise ConfigError(f"config key model: {config['model']!r} is a {task} model, but dataset "
+        raise ConfigError(f"config key model: {config['model']!r} is built for {task}, but dataset "
                           f"{config['dataset']!r} is for {wanted} ({', '.join(fits)})")
     try:
         options = parse_options(ALGORITHMS.get(config["method"]).Options, config.get("method_params"),

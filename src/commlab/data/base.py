@@ -56,12 +56,6 @@ class PreparedData:
     test_y: torch.Tensor
     meta: dict = field(default_factory=dict)
 
-    def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 images -> float, standardised per channel."""
-        mean = torch.tensor(self.spec.mean).view(1, -1, 1, 1)
-        std = torch.tensor(self.spec.std).view(1, -1, 1, 1)
-        return (x.float().div_(255.0) - mean) / std
-
 
 def content_hash(*tensors: torch.Tensor) -> str:
     """SHA-256 over the raw bytes of the tensors (shape and dtype included)."""
