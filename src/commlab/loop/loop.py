@@ -15,10 +15,11 @@ so all checkpoint at the same step, and stops the run on a non-finite loss anywh
 method's ``metrics()`` (on every rank: a method may reduce there) and rank 0's log.
 
 Resume and faults (docs/cluster.md): a checkpoint at every epoch end (and on SIGTERM) holds the
-model, optimizer, algorithm state, communication counters, RNG states, data position, running
-sums and the MLflow run id, per rank; launching the same config again continues from it, logging
-to the same run, and ends with the parameters and metrics of an uninterrupted run. SIGTERM/SIGINT
-exits with 143 (preempted, resumable) and marks the run KILLED; an error marks it FAILED.
+model, optimizer, algorithm state, communication counters, RNG states, data position, the task's
+carried state (an LSTM's hidden state), running sums and the MLflow run id, per rank; launching
+the same config again continues from it, logging to the same run, and ends with the parameters and
+metrics of an uninterrupted run. SIGTERM/SIGINT exits with 143 (preempted, resumable) and marks the
+run KILLED; an error marks it FAILED.
 """
 
 from __future__ import annotations
