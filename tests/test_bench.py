@@ -19,12 +19,12 @@ def _read(path):
 
 
 def test_registered():
-    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire"):
+    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire", "loader"):
         assert name in BENCHMARKS.names()
 
 
 def test_help_exits_cleanly(capsys):
-    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire"):
+    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire", "loader"):
         with pytest.raises(SystemExit) as exc:
             BENCHMARKS.get(name)(["--help"], None)
         assert exc.value.code == 0
@@ -148,3 +148,17 @@ def test_wire_on_emulated_links(tmp_path):
     assert row["payload_over_accounted"] == pytest.approx(1.0, abs=0.1)
     assert row["payload_over_expected"] == pytest.approx(1.0, abs=0.02)
     assert row["raw"] > row["payload"] > row["accounted"] > 0
+
+
+def test_loader_tiny(tmp_path):
+    """Both loaders read a given folder side by side; the ratio is the quotient of their medians."""
+    from commlab.bench.loader import generate_image_folder
+
+    folder = generate_image_folder(tmp_path / "images", classes=2, per_class=8, val_per_class=1)
+    out = tmp_path / "loader.json"
+    assert BENCHMARKS.get("loader")(["--folder", str(folder), "--workers", "1", "--batch", "4", "--size", "32",
+                                     "--warmup", "1", "--batches", "2", "--repeats", "2"], str(out)) == 0
+    data = _read(out)
+    rows = {r["loader"]: r for r in data["results"]}
+    assert set(rows) == {"streamed", "torchvision"} and all(len(r["repeats"]) == 2 for r in rows.values())
+    assert data["ratio"] == pytest.approx(rows["streamed"]["images_per_s"] / rows["torchvision"]["images_per_s"])

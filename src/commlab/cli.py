@@ -44,7 +44,7 @@ def _cmd_data(args) -> int:
     out = Path(args.out) / args.name
     try:
         meta = spec.prepare(out, source=args.source)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, ValueError) as err:  # a missing or malformed source: the message says which
         print(f"commlab data prepare: {err}", file=sys.stderr)
         return 2
     print(f"prepared {args.name} in {out}: train {meta['train_shape']}, test {meta['test_shape']}, "

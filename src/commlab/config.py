@@ -109,6 +109,13 @@ def validate_config(config: dict) -> Any:
         if config[key] not in registry:
             raise ConfigError(f"config key {key}: unknown {registry.kind} {config[key]!r}; "
                               f"known: {', '.join(registry.names())}")
+    from commlab.models import model_task
+
+    wanted, task = DATASETS.get(config["dataset"]).task, model_task(config["model"])
+    if task != wanted:
+        fits = [m for m in MODELS.names() if model_task(m) == wanted]
+        raise ConfigError(f"config key model: {config['model']!r} is built for {task}, but dataset "
+                          f"{config['dataset']!r} is for {wanted} ({', '.join(fits)})")
     try:
         options = parse_options(ALGORITHMS.get(config["method"]).Options, config.get("method_params"),
                                 where="config key method_params")

@@ -1,9 +1,16 @@
 """The prepared-data format, loading and per-rank sharding shared by every dataset.
 
-A prepared dataset is a folder with ``train.pt`` and ``test.pt`` (``{"x": uint8 N x C x H x W,
-"y": int64 N}``) and ``meta.json`` (shapes, class names, normalisation, SHA-256 content hash).
-Loading keeps everything in memory as tensors: these datasets are tens of megabytes and a
-DataLoader's worker processes would only compete with the training processes for the cores.
+Every dataset has a kind (how it is stored) and a task (what the loop does with it, docs/tasks.md):
+
+* ``tensors`` (image classification): a folder with ``train.pt`` and ``test.pt`` (``{"x": uint8
+  N x C x H x W, "y": int64 N}``) and ``meta.json`` (shapes, class names, SHA-256 content hash).
+  Loading keeps everything in memory as tensors, on the run's device: these datasets are tens of
+  megabytes, and augmenting them there in batches beats any loader process.
+* ``image_folder`` (image classification, :mod:`commlab.data.image_folder`): a manifest of the
+  image files in place, decoded by loader workers as the run streams them.
+* ``text`` (language modelling, :mod:`commlab.data.text`): a word corpus as token ids.
+* ``tokens`` (masked language modelling, :mod:`commlab.data.tokens`): token ids by path, or
+  generated.
 """
 
 from __future__ import annotations
@@ -33,6 +40,11 @@ class DatasetSpec:
     generated: bool = False  # made on the fly (tests), nothing to prepare
     augment: bool = False  # random crop + flip during training (CIFAR)
     how_to_get: str = ""
+    kind: str = "tensors"  # how it is stored: tensors, image_folder, text, tokens
+    task: str = "image_classification"  # what the loop does with it (commlab.loop.tasks)
+    # Kinds other than tensors: callable(folder: Path, spec, hint: str, verify: bool) -> the loaded data.
+    load: object = None
+    files: tuple[str, ...] = ("train.pt", "test.pt", "meta.json")  # what a prepared folder holds
 
 
 @dataclass
@@ -43,12 +55,6 @@ class PreparedData:
     test_x: torch.Tensor
     test_y: torch.Tensor
     meta: dict = field(default_factory=dict)
-
-    def normalise(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 images -> float, standardised per channel."""
-        mean = torch.tensor(self.spec.mean).view(1, -1, 1, 1)
-        std = torch.tensor(self.spec.std).view(1, -1, 1, 1)
-        return (x.float().div_(255.0) - mean) / std
 
 
 def content_hash(*tensors: torch.Tensor) -> str:
@@ -80,8 +86,11 @@ def write_prepared(out_dir: Path, spec: DatasetSpec, train: tuple, test: tuple, 
     return meta
 
 
-def load_dataset(name: str, data_dir: str | Path, seed: int = 0, verify: bool = False) -> PreparedData:
+def load_dataset(name: str, data_dir: str | Path, seed: int = 0, verify: bool = False, source: str | None = None):
     """Load a prepared dataset (or generate a synthetic one). Errors say how to get missing data.
+
+    Kinds that read their files in place (image folders, token corpora) look for them under
+    ``source`` when it is given, else where they were prepared from.
 
     Every load runs the cheap checks of :mod:`commlab.data.checks` (readable files, dtypes,
     shapes, label range) and raises :class:`DamagedDataError` naming the file and the fix;
@@ -90,7 +99,7 @@ def load_dataset(name: str, data_dir: str | Path, seed: int = 0, verify: bool = 
     if spec.generated:
         return spec.prepare()  # type: ignore[operator]  # same data for every run seed
     folder = Path(data_dir) / name
-    missing = [f for f in ("train.pt", "test.pt", "meta.json") if not (folder / f).exists()]
+    missing = [f for f in spec.files if not (folder / f).exists()]
     if missing:
         raise FileNotFoundError(
             f"dataset {name!r} is not prepared: {', '.join(str(folder / f) for f in missing)} missing. "
@@ -98,6 +107,8 @@ def load_dataset(name: str, data_dir: str | Path, seed: int = 0, verify: bool = 
             f"{spec.how_to_get}"
         )
     hint = rebuild_hint(name, data_dir)
+    if spec.load is not None:
+        return spec.load(folder, spec, hint, verify, source)  # type: ignore[operator]
     meta = read_meta(folder / "meta.json", hint)
     train = load_split(folder / "train.pt", spec, meta["train_shape"], hint)
     test = load_split(folder / "test.pt", spec, meta["test_shape"], hint)

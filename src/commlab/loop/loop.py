@@ -17,14 +17,16 @@ non-finite loss anywhere; then the method's ``metrics()`` (on every rank: a meth
 there) and rank 0's log.
 
 Resume and faults (docs/cluster.md): a checkpoint at every epoch end (and on SIGTERM) holds the
-model, optimizer, algorithm state, communication counters, RNG states, data position, running
-sums and the MLflow run id, per rank; launching the same config again continues from it, logging
-to the same run, and ends with the parameters and metrics of an uninterrupted run. SIGTERM/SIGINT
-exits with 143 (preempted, resumable) and marks the run KILLED; an error marks it FAILED.
+model, optimizer, algorithm state, communication counters, RNG states, data position, the task's
+carried state (an LSTM's hidden state), running sums and the MLflow run id, per rank; launching
+the same config again continues from it, logging to the same run, and ends with the parameters and
+metrics of an uninterrupted run. SIGTERM/SIGINT exits with 143 (preempted, resumable) and marks the
+run KILLED; an error marks it FAILED.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -37,12 +39,11 @@ from commlab.algorithms.base import StepInfo
 from commlab.config import run_dir
 from commlab.core import CommStats, Communicator, ControlChannel, init_runtime, seed_everything, shutdown_runtime
 from commlab.core.runtime import seed_per_rank
-from commlab.loop.batches import RunData
 from commlab.loop.checkpoint import load_checkpoint, save_checkpoint
 from commlab.loop.display import ProgressDisplay
 from commlab.loop.evaluation import evaluate_on_main
 from commlab.loop.logger import RunLogger, open_logger
-from commlab.loop.method import backward, build_method, take_step
+from commlab.loop.method import build_method, take_step
 from commlab.loop.metrics import NonFiniteLoss, control, step_metrics
 from commlab.loop.optim import lr_at
 from commlab.loop.outputs import write_outputs
@@ -56,6 +57,7 @@ from commlab.loop.runstate import (
     rng_state,
     set_rng_state,
 )
+from commlab.loop.tasks import build_task
 from commlab.models import build_model
 
 __all__ = ["EXIT_PREEMPTED", "Run", "steps", "train"]
@@ -111,11 +113,11 @@ def steps(run: Run, stop: StopSignal) -> None:
         if p.pos == data.steps_per_epoch:
             run.end_epoch()
             continue
-        batches = data.epoch_batches(p.epoch, run.rt.rank, run.rt.world_size)
-        while p.pos < data.steps_per_epoch and p.step < data.total_steps:
-            run.step(batches[p.pos])
-            if (p.step % run.log_every == 0 or p.step == data.total_steps) and run.log_point(stop.requested):
-                raise Preempted()
+        with contextlib.closing(data.batches(p.epoch, p.pos)) as batches:  # closed: loader workers stop
+            while p.pos < data.steps_per_epoch and p.step < data.total_steps:
+                run.step(next(batches))
+                if (p.step % run.log_every == 0 or p.step == data.total_steps) and run.log_point(stop.requested):
+                    raise Preempted()
 
 
 class Run:
@@ -127,12 +129,9 @@ class Run:
         self.ckpt_dir = self.out / "checkpoints"
         self.log_every = self.tcfg["log_every"]
         self.step_delay_s = float((config.get("testing") or {}).get("step_delay_s", 0))
-        self.data = data = RunData(config, rt.world_size)
-        # host-side: augmentation draws on the CPU, the same stream on any device
-        self.aug_gen = torch.Generator().manual_seed(config["seed"] * 7919 + rt.rank)
-
-        spec = data.spec
-        self.model = build_model(config["model"], spec.channels, spec.num_classes, spec.image_size).to(rt.device)
+        # The run's task (commlab.loop.tasks): its data on this rank, loss and test metrics.
+        self.data = data = build_task(config, rt)
+        self.model = build_model(config["model"], **data.model_inputs(), **config["model_options"]).to(rt.device)
         self.comm = Communicator(stats=CommStats())
         self.control = ControlChannel()  # the log point's allreduce: instrumentation, not counted
         self.algo = build_method(config["method"], self.model, self.comm,
@@ -175,7 +174,7 @@ class Run:
         self.algo.load_state_dict(state["algorithm"])
         self.comm.stats.load_state_dict(state["stats"])
         set_rng_state(state["rng"], self.rt.device)
-        self.aug_gen.set_state(state["aug_rng"])
+        self.data.load_state_dict(state.get("task", {}))
         p = self.p = Progress.from_state(state["progress"])
         if self.rt.is_main:
             print(f"[commlab] resuming from the checkpoint at step {p.step} (epoch {p.epoch})"
@@ -200,14 +199,13 @@ class Run:
             tags["network"] = str(emulated.get("network_label", emulated.get("network_bandwidth_mbit")))
         return tags
 
-    def step(self, idx: torch.Tensor) -> None:
-        """One optimizer step on this rank's samples ``idx``."""
+    def step(self, batch) -> None:
+        """One optimizer step on this rank's ``batch`` (the task's, on the device)."""
         p, algo, stats = self.p, self.algo, self.comm.stats.counters
-        xb, yb = self.data.batch(idx, self.aug_gen, self.rt.device)
         self.lr = lr_at(p.step, self.data.steps_per_epoch, self.data.total_steps, self.tcfg)
 
         t0, comm0 = time.perf_counter(), stats["comm_seconds"] + stats["blocked_seconds"]
-        loss = take_step(algo, StepInfo(p.step, p.epoch, self.lr), lambda: backward(algo, xb, yb))
+        loss = take_step(algo, StepInfo(p.step, p.epoch, self.lr), lambda: self._backward(batch))
         # Compute is the step minus the time in collectives and in waits for asynchronous ones.
         comm1 = stats["comm_seconds"] + stats["blocked_seconds"]
         p.compute_s += (time.perf_counter() - t0) - (comm1 - comm0)
@@ -220,6 +218,12 @@ class Run:
         self.display.update()
         if self.step_delay_s:  # testing.step_delay_s: time for a test to signal mid-epoch
             time.sleep(self.step_delay_s)
+
+    def _backward(self, batch) -> torch.Tensor:
+        """The task's loss of ``batch`` through the method's forward model, backpropagated."""
+        loss = self.data.loss(self.algo.forward_model, batch)
+        loss.backward()
+        return loss
 
     def log_point(self, stop_requested: bool) -> bool:
         """Every rank: the control allreduce, the method's metrics, rank 0's log. Returns whether
@@ -259,15 +263,15 @@ class Run:
         if p.done:
             return
         self.algo.finish()
-        if p.pos != 0 or "test_accuracy" not in p.final:  # stopped by max_steps mid-epoch
+        if p.pos != 0 or "test_loss" not in p.final:  # stopped by max_steps mid-epoch
             self.evaluate()
         p.done = True
         self.checkpoint()
 
     def evaluate(self) -> None:
-        test_loss, test_acc = evaluate_on_main(self.algo, self.data, self.tcfg["eval_batch_size"], self.rt)
-        self.p.final.update(test_loss=test_loss, test_accuracy=test_acc)
-        self.logger.log_metrics({"test_loss": test_loss, "test_accuracy": test_acc}, self.p.step)
+        metrics = evaluate_on_main(self.algo, self.data, self.rt)
+        self.p.final.update(metrics)
+        self.logger.log_metrics(metrics, self.p.step)
 
     def wall_s(self) -> float:
         return self.p.wall_s + time.perf_counter() - self.t_start
@@ -276,7 +280,6 @@ class Run:
         save_checkpoint(self.ckpt_dir, self.p.step, self.rt.rank, self.rt.world_size, {
             "model": self.model.state_dict(), "optimizer": self.algo.optimizer.state_dict(),
             "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(),
-            "rng": rng_state(self.rt.device),
-            "aug_rng": self.aug_gen.get_state(), "fingerprint": fingerprint(self.config),
+            "rng": rng_state(self.rt.device), "task": self.data.state_dict(), "fingerprint": fingerprint(self.config),
             "progress": {**self.p.state_dict(), "wall_s": self.wall_s()},
         })

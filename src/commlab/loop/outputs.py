@@ -14,8 +14,8 @@ from pathlib import Path
 from commlab.config import dump_config
 
 RESOLVED_CONFIG = "resolved_config.yaml"
-SENTINEL_FINAL_KEYS = ("train_loss", "test_loss", "test_accuracy", "bytes_sent", "reductions_global",
-                       "wall_seconds")
+SENTINEL_FINAL_KEYS = ("train_loss", "test_loss", "test_accuracy", "test_perplexity", "test_mlm_accuracy",
+                       "bytes_sent", "reductions_global", "wall_seconds")
 
 
 def write_outputs(config: dict, out: Path, sentinel, logger, final: dict, golden: list, data_meta: dict,

@@ -90,8 +90,8 @@ def set_rng_state(state: dict, device: torch.device | None = None) -> None:
         torch.cuda.set_rng_state(state["cuda_device"].cpu(), device)
 
 
-FINGERPRINT_KEYS = ("method", "method_params", "model", "dataset", "seed", "train.batch_size",
-                    "train.optimizer", "train.train_subset")
+FINGERPRINT_KEYS = ("method", "method_params", "model", "model_options", "dataset", "seed", "train.batch_size",
+                    "train.optimizer", "train.train_subset", "task")
 
 
 def fingerprint(config: dict) -> dict:

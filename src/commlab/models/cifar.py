@@ -1,5 +1,6 @@
 """CIFAR-style networks that also take 1-channel input: ResNet-20 (He et al. 2016, the 6n+2
-family with n=3) and VGG-16 with batch norm, plus torchvision's ResNet-50 for ImageNet scale."""
+family with n=3) and VGG-16 with batch norm. The ImageNet networks are torchvision's
+(:mod:`commlab.models.imagenet`)."""
 
 from __future__ import annotations
 
@@ -85,14 +86,3 @@ def vgg16_fc(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) 
     layers, side = _vgg16_features(in_channels, image_size)
     return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * side * side, 4096), nn.ReLU(), nn.Dropout(),
                          nn.Linear(4096, 4096), nn.ReLU(), nn.Dropout(), nn.Linear(4096, num_classes))
-
-
-@MODELS.register("resnet50")
-def resnet50(in_channels: int = 3, num_classes: int = 1000, image_size: int = 224) -> nn.Module:
-    """torchvision's ResNet-50 (randomly initialised; no weights are downloaded)."""
-    from torchvision.models import resnet50 as tv_resnet50
-
-    model = tv_resnet50(weights=None, num_classes=num_classes)
-    if in_channels != 3:
-        model.conv1 = nn.Conv2d(in_channels, 64, 7, 2, 3, bias=False)
-    return model
