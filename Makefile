@@ -5,6 +5,11 @@ CORES ?= 2
 FMNIST := /usr/share/datasets/fashion-mnist
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
+# Snakemake and its jobs run this checkout's commlab in .venv: its bin/ first on PATH (the jobs call
+# `python`, `dvc`), and src/ on PYTHONPATH (also for --use-conda jobs, whose environment holds only
+# the third-party packages).
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: all run test smoke report bench lint mlflow-ui system-packages test-packages apt-run apt-test \
     clean-results slurm-up slurm-down
@@ -49,10 +54,10 @@ apt-test:
 # A SLURM cluster on this machine (controller + 2 nodes in namespaces, 198.19.0.0/24): docs/cluster.md.
 SLURM_DIR ?= /tmp/commlab-slurm
 slurm-up: .venv/.installed test-packages
-	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.launch.localslurm up --dir $(SLURM_DIR)
+	$(PY) -m commlab.launch.localslurm up --dir $(SLURM_DIR)
 
 slurm-down:
-	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.launch.localslurm down --dir $(SLURM_DIR)
+	$(PY) -m commlab.launch.localslurm down --dir $(SLURM_DIR)
 
 run: .venv/.installed system-packages
 	.venv/bin/snakemake --cores $(CORES) --profile workflow/profiles/default
