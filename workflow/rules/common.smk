@@ -5,10 +5,13 @@ workflow config is checked against workflow/schemas/config.schema.yaml, its `def
 schema, and every paper's grid is resolved with commlab.grid.resolve_grid (which validates each
 run config). A bad key or value stops Snakemake here with a message naming it.
 
-Adding a paper means: config/papers/<paper>.yaml, workflow/notebooks/<paper>.py, and its name in
-config.yaml's `papers`. Nothing in the rules names a paper.
+Adding a paper means: config/papers/<paper>.yaml, its claims declared in
+src/commlab/report/claims_<paper>.py, its figures in workflow/notebooks/<paper>.py, and its name in
+config.yaml's `papers`. Nothing in the rules names a paper but the benchmarks its speed claims read
+(SPEED_BENCH below).
 """
 
+import importlib.util
 import json
 import shutil
 import sys
@@ -101,6 +104,11 @@ def resolve_runs(cfg: dict) -> dict:
         if not notebook.exists():
             raise WorkflowError(
                 f"config key papers: {paper!r} has no report notebook {notebook}"
+            )
+        if importlib.util.find_spec(f"commlab.report.claims_{paper}") is None:
+            raise WorkflowError(
+                f"config key papers: {paper!r} declares no claims (no module "
+                f"commlab.report.claims_{paper}, src/commlab/report/claims_{paper}.py)"
             )
         for (name, seed), run in grid.items():
             runs[(paper, name, seed)] = {**run, "output_dir": str(config_run_dir(run))}
