@@ -11,7 +11,6 @@ config.yaml's `papers`. Nothing in the rules names a paper but the benchmarks it
 (SPEED_BENCH below).
 """
 
-import importlib.util
 import json
 import shutil
 import sys
@@ -104,11 +103,6 @@ def resolve_runs(cfg: dict) -> dict:
         if not notebook.exists():
             raise WorkflowError(
                 f"config key papers: {paper!r} has no report notebook {notebook}"
-            )
-        if importlib.util.find_spec(f"commlab.report.claims_{paper}") is None:
-            raise WorkflowError(
-                f"config key papers: {paper!r} declares no claims (no module "
-                f"commlab.report.claims_{paper}, src/commlab/report/claims_{paper}.py)"
             )
         for (name, seed), run in grid.items():
             runs[(paper, name, seed)] = {**run, "output_dir": str(config_run_dir(run))}

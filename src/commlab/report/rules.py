@@ -55,6 +55,11 @@ def _number(values: dict, ref) -> float:
     return float("nan") if value is None else float(value)
 
 
+def _series(values: dict, key: str) -> pd.Series:
+    """The measurement's values of that name as numbers, NaN dropped."""
+    return pd.Series(values[key], dtype=float).dropna()
+
+
 def _num(x: float) -> str:
     """A number in a rule's words: '102,000', '0.62', '1.05'."""
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.4g}"
@@ -181,7 +186,7 @@ class Below:
     min_points: int = 1
 
     def judge(self, values: dict) -> Outcome:
-        points = pd.Series(values[self.values], dtype=float).dropna()
+        points = _series(values, self.values)
         if points.empty:
             return Outcome(NOT_MEASURED, "no values")
         worst = float(points.max())
@@ -327,7 +332,7 @@ class Gain:
     min_gain: float = 0.5
 
     def judge(self, values: dict) -> Outcome:
-        gains = pd.Series(values[self.gains], dtype=float).dropna()
+        gains = _series(values, self.gains)
         if gains.empty:
             return Outcome(NOT_MEASURED, "no paired seeds")
         mean, spread = float(gains.mean()), _number(values, self.spread)
