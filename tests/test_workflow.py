@@ -1,5 +1,5 @@
-"""The workflow layer (spec parts 2, 8, 9): config validation, lint, the report index, and one
-smoke run from data to report.
+"""The workflow layer: config validation, the benchmark list, the run-config script, lint, the
+report index, and one smoke run from data to report.
 
 Every test works in a copy of the project's files (tracked and not ignored) with its own git
 repository, so the checkout's results, MLflow store and DVC cache are never touched. The end-to-end

@@ -148,8 +148,8 @@ else:
 #
 # **Scale.** The default (laptop) grid is trimmed to fit the whole pipeline on a 2-core machine:
 # Fashion-MNIST CNN, 4 gloo workers, 8,192 training samples, 3 epochs with a ×0.1 decay after
-# epoch 2, **2 seeds** (the spec asks 3), CPSGD periods **4 and 16** (spec: several), 8-bit QSGD
-# only, no fp16. The scale `laptop_full` holds the untrimmed grid (3 seeds, the whole training
+# epoch 2, 3 seeds, one CPSGD period (**16**, and ADPSGD with that budget), 8-bit QSGD and rank-2
+# PowerSGD only, no fp16. The scale `laptop_full` holds the untrimmed grid (3 seeds, the whole training
 # set, periods 2-32, 4- and 8-bit QSGD, fp16) and `paper` the CIFAR-10 ResNet-20 setting for
 # GPU clusters. At this size differences between methods are small next to the seed spread:
 # the claims table gives both.

@@ -154,7 +154,7 @@ if not runs.empty and PHASES:
 # unit), count exchanges included.
 #
 # **Scale.** The default (laptop) grid is trimmed to fit the whole pipeline on a 2-core machine:
-# accuracy runs are Fashion-MNIST CNN on **4 workers only** (the spec asks 4 and 8), density 2%,
+# accuracy runs are Fashion-MNIST CNN on **4 workers only** (`laptop_full`: 4 and 8), density 2%,
 # 12,288 training samples for 2 epochs (192 steps, the first 16 dense, cosine learning rate),
 # 3 seeds; the volume-scaling runs (one seed: volume does not need a spread) are a tiny MLP on
 # synthetic data, Ok-Topk for 100 steps at 2, 4, 8 and 16 workers (**not 32**: 32 processes need

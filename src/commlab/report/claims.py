@@ -1,4 +1,5 @@
-"""Claims tables: each paper's claims declared once as data, evaluated against the measured runs.
+"""Claims tables: each paper's claims declared once as data, evaluated against the measured runs
+(the format, and how to add a claim, a rule or a paper: docs/claims.md).
 
 A paper's claims live in ``commlab.report.claims_<paper>`` as a list ``CLAIMS`` of
 :class:`Declared`: the claim in a sentence, the paper's figure or section, and one or more
