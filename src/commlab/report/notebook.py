@@ -159,13 +159,12 @@ def claims_html(claims: list[Claim]) -> str:
     return '<table class="commlab-claims">' + "\n".join(rows) + "</table>"
 
 
-def show_claims(rep: Report) -> list[Claim]:
+def show_claims(rep: Report) -> None:
     """Evaluate the paper's declared claims (``commlab.report.claims_<paper>``), write
     ``claims.json`` and show the claims table (the report's first result)."""
     claims = evaluate(declarations(rep.paper).CLAIMS, rep)
     write_claims(rep.paper, rep.title, claims, rep.out_dir)
     _display_html("<h2>Claims and verdicts</h2>" + claims_html(claims))
-    return claims
 
 
 def show(rep: Report, fig, name: str) -> Path:
