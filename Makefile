@@ -5,6 +5,11 @@ CORES ?= 2
 FMNIST := /usr/share/datasets/fashion-mnist
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true
+# Snakemake and its jobs run this checkout's commlab in .venv: its bin/ first on PATH (the jobs call
+# `python`, `dvc`), and src/ on PYTHONPATH (also for --use-conda jobs, whose environment holds only
+# the third-party packages).
+export PATH := $(CURDIR)/.venv/bin:$(PATH)
+export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 
 .PHONY: all run test test-gpu smoke report bench lint mlflow-ui system-packages test-packages apt-run apt-test \
     clean-results slurm-up slurm-down
@@ -49,10 +54,10 @@ apt-test:
 # A SLURM cluster on this machine (controller + 2 nodes in namespaces, 198.19.0.0/24): docs/cluster.md.
 SLURM_DIR ?= /tmp/commlab-slurm
 slurm-up: .venv/.installed test-packages
-	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.testing.localslurm up --dir $(SLURM_DIR)
+	$(PY) -m commlab.testing.localslurm up --dir $(SLURM_DIR)
 
 slurm-down:
-	PYTHONPATH=$(CURDIR)/src $(PY) -m commlab.testing.localslurm down --dir $(SLURM_DIR)
+	$(PY) -m commlab.testing.localslurm down --dir $(SLURM_DIR)
 
 run: .venv/.installed system-packages
 	.venv/bin/snakemake --cores $(CORES) --profile workflow/profiles/default
@@ -66,7 +71,7 @@ test: .venv/.installed test-packages
 # The GPU suite: tests/test_gpu_*.py, marked gpu, each skipping cleanly without CUDA. On a machine whose own Python
 # has PyTorch with CUDA: make test-gpu PY=python3 (the project's sources are put on its path).
 test-gpu: $(if $(filter .venv/bin/python,$(PY)),.venv/.installed)
-	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} $(PY) -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_*.py
+	$(PY) -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_*.py
 
 report: .venv/.installed
 	.venv/bin/snakemake --cores $(CORES) --profile workflow/profiles/default --report reports/snakemake_report.html

@@ -1,5 +1,6 @@
-"""What the MLflow UI reads from a run made by RunTracker: the experiment's kind, the source and
-git tags, the dataset input and the emulated network's numbers as metrics (commlab.tracking)."""
+"""What the MLflow UI reads from a run made by RunTracker: the experiment's kind and description,
+the source and git tags, the dataset input and the emulated network's numbers as metrics
+(commlab.tracking)."""
 
 import os
 import subprocess
@@ -10,7 +11,16 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from commlab.config import DEFAULTS, deep_merge
-from commlab.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, RunTracker, ensure_experiments, source_tags
+from commlab.tracking import (
+    DESCRIPTION_TAG,
+    ENTRY_MODULE,
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    RunTracker,
+    ensure_experiments,
+    paper_title,
+    source_tags,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 HASH = "a3" * 32  # a content hash as meta.json holds it (64 hex digits)
@@ -37,7 +47,8 @@ def _tags(**extra):
     return {"paper": "kstep", "method": "ssgd", "data_hash": HASH, **extra}
 
 
-def test_new_run_carries_source_dataset_and_network_metrics(tmp_path, uri):
+def test_new_run_carries_source_dataset_and_network_metrics(tmp_path, uri, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the paper grids' titles: config/papers/<paper>.yaml
     tracker = RunTracker({**_config(tmp_path, uri), **NETWORK}, _tags())
     tracker.finish("FINISHED")
     c = MlflowClient(uri)
@@ -45,7 +56,7 @@ def test_new_run_carries_source_dataset_and_network_metrics(tmp_path, uri):
 
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert run.data.tags["mlflow.source.type"] == "LOCAL"
-    assert run.data.tags["mlflow.source.name"].endswith("src/commlab/train.py")
+    assert run.data.tags["mlflow.source.name"] == str(ENTRY_MODULE)
     assert run.data.tags["mlflow.source.git.commit"] == commit
     assert run.data.tags["paper"] == "kstep"  # the caller's tags next to them
 
@@ -67,6 +78,24 @@ def test_new_run_carries_source_dataset_and_network_metrics(tmp_path, uri):
 
     experiment = c.get_experiment(tracker.experiment_id)
     assert experiment.name == "kstep" and experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    assert experiment.tags[DESCRIPTION_TAG] == paper_title("kstep") and paper_title("kstep").startswith("K-step")
+
+
+def test_the_source_is_the_module_every_training_process_runs():
+    """`python -m commlab.loop` (what the launcher starts on every worker) and `commlab train` both
+    run commlab.loop.worker: the file a run names as its source exists and is that module."""
+    import importlib.util
+    import inspect
+
+    from commlab.launch.torchrun import train_argv
+
+    assert ENTRY_MODULE.is_file()
+    assert Path(importlib.util.find_spec("commlab.loop.worker").origin).resolve() == ENTRY_MODULE
+    assert train_argv("run.yaml", None)[:2] == ["-m", "commlab.loop"]
+    assert "from commlab.loop.worker import main" in (ENTRY_MODULE.parent / "__main__.py").read_text()
+    import commlab.cli
+
+    assert "from commlab.loop.worker import run" in inspect.getsource(commlab.cli)
 
 
 def test_explicit_dataset_and_network_arguments(tmp_path, uri):
@@ -99,22 +128,31 @@ def test_reopened_run_logs_nothing_twice(tmp_path, uri):
     assert len(c.get_metric_history(first.run_id, "network_measured_mbit")) == 1
 
 
-def test_ensure_experiments_sets_the_kind_on_new_and_old_experiments(uri):
+def test_ensure_experiments_sets_kind_and_description_on_new_and_old_experiments(uri, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the paper grids' titles: config/papers/<paper>.yaml
     c = MlflowClient(uri)
-    old = c.create_experiment("baseline")  # as an older commlab made it: no kind
+    old = c.create_experiment("baseline")  # as an older commlab made it: no kind, no description
     c.set_experiment_tag(c.create_experiment("adpsgd"), EXPERIMENT_KIND_TAG, "genai_development")
-    ids = ensure_experiments(["baseline", "adpsgd", "redsync"], uri)
+    c.set_experiment_tag(c.get_experiment_by_name("adpsgd").experiment_id, DESCRIPTION_TAG, "an old note")
+    ids = ensure_experiments(["baseline", "adpsgd", "redsync", "adhoc"], uri)
     assert ids["baseline"] == old
     for name, exp_id in ids.items():
-        assert c.get_experiment(exp_id).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND, name
+        tags = c.get_experiment(exp_id).tags
+        assert tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND, name
+        assert tags.get(DESCRIPTION_TAG) == paper_title(name), name
+    assert c.get_experiment(ids["redsync"]).tags[DESCRIPTION_TAG].startswith("RedSync: residual gradient compression")
+    assert DESCRIPTION_TAG not in c.get_experiment(ids["adhoc"]).tags  # no paper: no description
+    assert paper_title("adhoc") is None
 
 
-def test_mlflow_init_command_sets_the_kind(tmp_path, uri):
-    """The workflow's mlflow_init rule runs this command."""
+def test_mlflow_init_command_sets_kind_and_description(tmp_path, uri):
+    """The workflow's mlflow_init rule runs this command (in the project's root)."""
     subprocess.run([sys.executable, "-m", "commlab", "mlflow-init", "oktopk", "--marker", str(tmp_path / "m")],
-                   check=True, capture_output=True, env={**os.environ, "MLFLOW_TRACKING_URI": uri})
-    c = MlflowClient(uri)
-    assert c.get_experiment_by_name("oktopk").tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+                   check=True, capture_output=True, env={**os.environ, "MLFLOW_TRACKING_URI": uri}, cwd=ROOT)
+    tags = MlflowClient(uri).get_experiment_by_name("oktopk").tags
+    assert tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+    assert tags[DESCRIPTION_TAG] == ("Ok-Topk: near-optimal sparse allreduce (Li & Hoefler, PPoPP'22), "
+                                     "with sparse baselines")
 
 
 def test_source_tags_outside_a_checkout(monkeypatch):
@@ -144,7 +182,7 @@ def test_a_training_run_carries_scale_source_and_dataset(tmp_path, uri):
     assert tags["scale"] == "smoke" and tags["mlflow.runName"] == "probe-seed3-smoke"
     assert tags["mlflow.source.git.commit"] == subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"]
+    assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"] == str(ENTRY_MODULE)
     assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["synthetic"]
     assert int(run.data.params["model_parameters"]) > 0
     assert run.info.status == "FINISHED"

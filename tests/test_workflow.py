@@ -1,5 +1,5 @@
-"""The workflow layer (spec parts 2, 8, 9): config validation, lint, the report index, and one
-smoke run from data to report.
+"""The workflow layer: config validation, the benchmark list, the run-config script, lint, the
+report index, and one smoke run from data to report.
 
 Every test works in a copy of the project's files (tracked and not ignored) with its own git
 repository, so the checkout's results, MLflow store and DVC cache are never touched. The end-to-end
@@ -39,9 +39,11 @@ def copy_project(dest: Path) -> Path:
 
 
 def project_env(project: Path) -> dict:
-    """The copy's own code and its own MLflow store; no telemetry."""
+    """The copy's own code and its own MLflow store, this interpreter's environment first on PATH
+    (as `make` or an activated .venv have it: the jobs call `python` and `dvc`); no telemetry."""
     env = dict(os.environ)
     env.update(MLFLOW_TRACKING_URI=f"sqlite:///{project}/mlflow.db", PYTHONPATH=str(project / "src"),
+               PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
                MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true", DVC_NO_ANALYTICS="true")
     return env
 
@@ -70,6 +72,7 @@ def _set(config: dict, dotted: str, value) -> dict:
     ("defaults.train.lrr", 0.1, "lrr"),  # unknown run-config key under defaults
     ("defaults.method", "nosuch", "config key defaults.method"),  # unknown method name
     ("papers", ["nosuch"], "nosuch"),  # a paper without a grid
+    ("bench.suite", ["collectives", "nosuch"], "config key bench.suite.1"),  # not a benchmark
 ])
 def test_bad_config_stops_before_any_job(project, tmp_path, key, value, named):
     config = _set(yaml.safe_load((project / "config/config.yaml").read_text()), key, value)
@@ -93,6 +96,47 @@ def test_default_config_plans_every_grid_run_and_report(project):
     assert counts["train"] == counts["run_config"] == runs >= 4  # baseline alone: ssgd, ddp x 2 seeds
     assert counts["paper_report"] == len(config["papers"]) and counts["report_index"] == counts["mlflow_init"] == 1
     assert "threads: 2" in result.stdout and "threads: 4" not in result.stdout  # 4 workers capped at --cores 2
+
+
+def test_benchmarks_come_from_the_config(project, tmp_path):
+    """`snakemake bench` plans the config's suite and the throughput per model of `bench: models`, and
+    the schema's benchmark names are the registered ones."""
+    from commlab.registry import BENCHMARKS
+
+    schema = yaml.safe_load((ROOT / "workflow/schemas/config.schema.yaml").read_text())
+    assert sorted(schema["properties"]["bench"]["properties"]["suite"]["items"]["enum"]) == sorted(BENCHMARKS.names())
+    config = yaml.safe_load((project / "config/config.yaml").read_text())
+    config["bench"].update(suite=["collectives", "selection"], models=["wide_mlp"])
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(config))
+    planned = _planned(project, "bench", "--configfile", str(tmp_path / "bench.yaml"))
+    outputs = set(re.findall(r"output: (reports/bench/\S+)\.json", planned))
+    assert outputs == {"reports/bench/collectives", "reports/bench/selection", "reports/bench/throughput_wide_mlp"}
+
+
+def test_run_config_script_writes_the_grid_entry(project):
+    """The run_config rule (workflow/scripts/run_config.py) writes the resolved grid entry as YAML and
+    removes a previous run's checkpoints and completion marker, so that the run starts afresh."""
+    from commlab.grid import resolve_grid
+
+    config = yaml.safe_load((project / "config/config.yaml").read_text())
+    grid = resolve_grid("baseline", config["defaults"], papers_dir=project / "config/papers")
+    folder = project / "results/laptop/baseline/ssgd/seed1"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / ".complete").touch()
+    result = snakemake(project, "--cores", "1", f"{folder.relative_to(project)}/config.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    written = yaml.safe_load((folder / "config.yaml").read_text())
+    assert written == {**grid[("ssgd", 1)], "output_dir": "results/laptop/baseline/ssgd/seed1"}
+    assert not (folder / "checkpoints").exists() and not (folder / ".complete").exists()
+
+
+def test_the_workflow_edits_no_environment_at_parse_time():
+    """How Snakemake and its jobs find commlab is the environment's business (the Makefile, an
+    activated .venv), not the workflow's."""
+    for path in [ROOT / "Snakefile", *sorted((ROOT / "workflow/rules").glob("*.smk"))]:
+        text = path.read_text()
+        for edit in ("sys.path", "os.environ", "os.putenv"):
+            assert edit not in text, f"{path.name} touches {edit}"
 
 
 def test_lint_is_clean(project):

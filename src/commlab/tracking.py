@@ -20,11 +20,15 @@ Lifecycle of a run, across restarts (the run id travels in every checkpoint):
 What the MLflow UI shows besides params and metrics:
 
 * every experiment carries ``mlflow.experimentKind = custom_model_development`` (MLflow 3's
-  "Machine learning" kind), so opening it shows the training runs, not the GenAI overview;
-* every new run carries MLflow's source tags (``mlflow.source.name``/``type``/``git.commit``/
-  ``git.branch``/``git.repoURL``: the Source and Version columns) and its dataset as a run input
-  (name, the prepared data's content hash as digest, its folder as source: the Dataset column),
-  taken from what the run already knows, never by reading the data again;
+  "Machine learning" kind), so opening it shows the training runs, not the GenAI overview, and a
+  paper's experiment carries the paper's title as its description (``mlflow.note.content``, the
+  ``title:`` of config/papers/<paper>.yaml), set when it is created and on existing experiments;
+* every new run carries MLflow's source tags (``mlflow.source.name``: the training entry every
+  process runs, src/commlab/loop/worker.py, as ``python -m commlab.loop`` or ``commlab train``;
+  ``type``, ``git.commit``, ``git.branch``, ``git.repoURL``: the Source and Version columns) and
+  its dataset as a run input (name, the prepared data's content hash as digest, its folder as
+  source: the Dataset column), taken from what the run already knows, never by reading the data
+  again;
 * an emulated network's numeric settings and measurements (``network.bandwidth_mbit``,
   ``network_measured_mbit``, ...) are metrics at step 0, so runs can be charted against link speed.
 
@@ -59,6 +63,11 @@ TRANSIENT = ("database is locked", "database is busy", "temporarily_unavailable"
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # read by the MLflow 3 UI to choose the experiment's page
 EXPERIMENT_KIND = "custom_model_development"  # "Machine learning": opens on the runs table
+DESCRIPTION_TAG = "mlflow.note.content"  # an experiment's description in the MLflow UI
+PAPERS_DIR = "config/papers"  # the paper grids, whose `title:` describes each paper's experiment
+#: The module every training process runs (``python -m commlab.loop``, ``commlab train`` and each
+#: worker the launcher starts): a run's source.
+ENTRY_MODULE = Path(__file__).resolve().parent / "loop" / "worker.py"
 DATASET_DIGEST_CHARS = 12  # MLflow stores at most 36; `commlab data prepare` prints the same 12
 NETWORK_PREFIXES = ("network.", "network_")  # the config's section, the launcher's measured values
 
@@ -97,28 +106,39 @@ def client(uri: str | None = None):
     return MlflowClient(uri or tracking_uri())
 
 
+def paper_title(name: str, papers_dir: str | Path = PAPERS_DIR) -> str | None:
+    """The title of the paper ``name`` from its grid (``title:`` of config/papers/<name>.yaml), or
+    None for an experiment that is no paper's (no grid there)."""
+    if not (Path(papers_dir) / f"{name}.yaml").exists():
+        return None
+    from commlab.grid import load_grid_file
+
+    return load_grid_file(name, papers_dir).get("title")
+
+
 def ensure_experiments(names: list[str], uri: str | None = None) -> dict[str, str]:
-    """Create the experiments that do not exist yet, each of the training-runs kind (existing ones
-    get the kind too); return name -> id. Call this once before parallel jobs start (two processes
-    creating the SQLite schema at once fail)."""
+    """Create the experiments that do not exist yet, each of the training-runs kind and described
+    by its paper's title (existing ones get both too); return name -> id. Call this once before
+    parallel jobs start (two processes creating the SQLite schema at once fail)."""
     c = client(uri)
-    return {name: _experiment_id(c, name) for name in names}
+    return {name: _experiment_id(c, name, paper_title(name)) for name in names}
 
 
-def _experiment_id(c, name: str) -> str:
-    """The experiment's id, created if missing; its kind set to training runs either way."""
+def _experiment_id(c, name: str, description: str | None = None) -> str:
+    """The experiment's id, created if missing; its kind set to training runs either way, and its
+    description to ``description`` where one is given."""
+    wanted = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, **({DESCRIPTION_TAG: description} if description else {})}
     exp = with_retries(c.get_experiment_by_name, name, what="get experiment")
     if exp is None:
         try:
-            return with_retries(c.create_experiment, name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
-                                what="create experiment")
+            return with_retries(c.create_experiment, name, tags=wanted, what="create experiment")
         except Exception:  # noqa: BLE001 - another job created it meanwhile
             exp = with_retries(c.get_experiment_by_name, name, what="get experiment")
-    # Older stores' experiments have no kind, and the UI then guesses GenAI. These experiments
-    # hold training runs only, so any other value is set back (one write, only when it differs).
-    if exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
-        with_retries(c.set_experiment_tag, exp.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND,
-                     what="set experiment kind")
+    # Older stores' experiments have no kind (the UI then guesses GenAI) and no description. These
+    # experiments hold training runs only, so any other kind is set back (a write only when a tag differs).
+    for key, value in wanted.items():
+        if exp.tags.get(key) != value:
+            with_retries(c.set_experiment_tag, exp.experiment_id, key, value, what=f"set experiment tag {key}")
     return exp.experiment_id
 
 
@@ -146,9 +166,9 @@ def _git(*args: str) -> str:
 
 def source_tags() -> dict[str, str]:
     """MLflow's standard source tags for a run of this checkout's training loop: the UI's Source
-    column (the program) and Version column (the commit, linked when the remote is known)."""
-    tags = {"mlflow.source.name": str(Path(__file__).resolve().with_name("train.py")),
-            "mlflow.source.type": "LOCAL"}
+    column (the program: :data:`ENTRY_MODULE`) and Version column (the commit, linked when the
+    remote is known)."""
+    tags = {"mlflow.source.name": str(ENTRY_MODULE), "mlflow.source.type": "LOCAL"}
     head = _git("rev-parse", "HEAD", "--abbrev-ref", "HEAD").splitlines()
     if len(head) == 2:
         tags["mlflow.source.git.commit"] = head[0]
@@ -268,7 +288,8 @@ class RunTracker:
         tracking = config.get("tracking", {})
         self.uri = tracking_uri(tracking.get("uri"))
         self.client = client(self.uri)
-        self.experiment_id = _experiment_id(self.client, tracking.get("experiment") or config.get("paper") or "adhoc")
+        experiment = tracking.get("experiment") or config.get("paper") or "adhoc"
+        self.experiment_id = _experiment_id(self.client, experiment, paper_title(experiment))
         self.buffer: list = []
         self.last_flush = time.monotonic()
         self.logged_upto: dict[str, int] = {}  # metric key -> highest step already in the store

@@ -1,26 +1,22 @@
 # The performance benchmark suite (emulated networks, cost model): `snakemake --cores 2 bench`
-# builds reports/bench/<name>.json and .md for every benchmark. Each job takes all cores so that
-# timings are not disturbed by other jobs of the workflow. Arguments per benchmark come from the
-# workflow config (`bench: {args: {NAME: "..."}}`): config/config.yaml sizes them for the default
-# run, which measures the benchmarks that the papers' speed claims read before building those
-# papers' reports (`bench: {speed_claims: auto}`: where root and iproute2 allow emulated links).
-from pathlib import Path
-
-BENCH_NAMES = ["collectives", "throughput", "time_to_accuracy", "scaling"] + (
-    ["selection"] if Path("src/commlab/bench/selection.py").exists() else []
-)
-
-
-BENCH_ARGS = config.get("bench", {}).get("args", {})
+# builds reports/bench/<name>.json and .md for every benchmark of the config's `bench: suite`, and
+# the throughput benchmark once more per model of `bench: models`. Each job takes all cores so
+# that timings are not disturbed by other jobs of the workflow. Arguments per benchmark come from
+# the workflow config (`bench: {args: {NAME: "..."}}`): config/config.yaml sizes them for the
+# default run, which measures the benchmarks that the papers' speed claims read before building
+# those papers' reports (`bench: {speed_claims: auto}`: where root and iproute2 allow emulated links).
 
 
 rule bench:
+    """Every benchmark of the suite, and throughput per model."""
     input:
-        expand("reports/bench/{name}.json", name=BENCH_NAMES),
+        expand("reports/bench/{name}.json", name=BENCH_SUITE),
         expand("reports/bench/throughput_{model}.json", model=BENCH_MODELS),
+    localrule: True
 
 
 rule bench_measure:
+    """One benchmark of the suite (`commlab bench NAME`), at the config's arguments."""
     input:
         # the prepared datasets first: a benchmark trains on Fashion-MNIST when it is there
         data=data_markers(),
@@ -30,7 +26,7 @@ rule bench_measure:
     log:
         "logs/bench/{name}.log",
     wildcard_constraints:
-        name="|".join(n for n in BENCH_NAMES if n != "scaling"),
+        name="|".join(MEASURED_BENCH),
     priority: lambda wildcards: bench_priority(wildcards.name)
     conda:
         "../envs/commlab.yaml"
@@ -42,6 +38,7 @@ rule bench_measure:
 
 
 rule bench_scaling:
+    """The cost model, fitted to the throughput benchmark's profiles and extrapolated."""
     input:
         profiles="reports/bench/throughput.json",
         data=data_markers(),
@@ -61,6 +58,7 @@ rule bench_scaling:
 
 
 rule bench_throughput_model:
+    """The throughput benchmark on one more model."""
     input:
         data=data_markers(),
     output:
@@ -69,7 +67,7 @@ rule bench_throughput_model:
     log:
         "logs/bench/throughput_{model}.log",
     wildcard_constraints:
-        model="|".join(BENCH_MODELS),
+        model="[a-z][a-z0-9_]*",
     priority: lambda wildcards: bench_priority(f"throughput_{wildcards.model}")
     conda:
         "../envs/commlab.yaml"

@@ -5,12 +5,14 @@ workflow config is checked against workflow/schemas/config.schema.yaml, its `def
 schema, and every paper's grid is resolved with commlab.grid.resolve_grid (which validates each
 run config). A bad key or value stops Snakemake here with a message naming it.
 
-Adding a paper means: config/papers/<paper>.yaml, workflow/notebooks/<paper>.py, and its name in
-config.yaml's `papers`. Nothing in the rules names a paper.
+Adding a paper means: config/papers/<paper>.yaml, its claims declared in
+src/commlab/report/claims_<paper>.py, its figures in workflow/notebooks/<paper>.py, and its name in
+config.yaml's `papers`. Nothing in the rules names a paper but the benchmarks its speed claims read
+(SPEED_BENCH below).
 """
 
 import json
-import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -20,34 +22,40 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 ROOT = Path(workflow.basedir)
-# Jobs run the code of this checkout (also in a copy of the tree, and under --use-conda, whose
-# environment holds only the third-party packages), found first through PYTHONPATH.
-sys.path.insert(0, str(ROOT / "src"))
+# The workflow and its jobs run the commlab of the environment Snakemake runs in: installed
+# (editable) in .venv by `make`, or the checkout's src/ on PYTHONPATH (the Makefile exports both
+# .venv/bin on PATH and src/ on PYTHONPATH; under --use-conda the rules' environment holds only
+# the third-party packages, and PYTHONPATH brings commlab). Nothing here edits the environment.
+try:
+    from commlab.config import (
+        DEFAULTS,
+        ConfigError,
+        deep_merge,
+        run_dir as config_run_dir,
+        validate_config,
+    )
+    from commlab.grid import resolve_grid
+    from commlab.registry import DATASETS
+except ModuleNotFoundError as err:
+    raise WorkflowError(
+        f"{err}: run Snakemake in the project's environment "
+        "(`make`, or `source .venv/bin/activate` first; README, Set-up)"
+    ) from None
 
-from commlab.config import (
-    DEFAULTS,
-    ConfigError,
-    deep_merge,
-    run_dir as config_run_dir,
-    validate_config,
-)  # noqa: E402
-from commlab.grid import resolve_grid  # noqa: E402
-from commlab.registry import DATASETS  # noqa: E402
-
-# Shell commands call `python`, `dvc`: the interpreter running Snakemake (a virtualenv that need
-# not be activated) comes first on PATH; an activated conda env still goes before it.
-_bin = str(Path(sys.executable).parent)
-_path = os.environ.get("PATH", "")
-os.environ.update(
-    PATH=(
-        _path if _path.split(os.pathsep)[0] == _bin else os.pathsep.join([_bin, _path])
-    ),
-    PYTHONPATH=os.pathsep.join(
-        dict.fromkeys(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))
-    ),
-)
-for _var in ("MLFLOW_DISABLE_TELEMETRY", "DO_NOT_TRACK", "DVC_NO_ANALYTICS"):
-    os.environ.setdefault(_var, "true")  # no usage telemetry from MLflow or DVC
+# The jobs' shell commands call `python`, `dvc`: those on PATH.
+if shutil.which("python") is None:
+    raise WorkflowError(
+        "no `python` on PATH for the jobs' commands: `source .venv/bin/activate` (or run `make`)"
+    )
+if (
+    Path(shutil.which("python")).parent.resolve()
+    != Path(sys.executable).parent.resolve()
+):
+    print(
+        f"note: jobs run {shutil.which('python')}, not Snakemake's {sys.executable}; "
+        "activate the project's environment if that is not meant",
+        file=sys.stderr,
+    )
 
 DATA_DIR = "data/prepared"  # DVC stage outputs: data/prepared/<dataset> (dvc.yaml)
 MLFLOW_MARKER = "results/.mlflow_init"  # experiments exist; mlflow.db itself is never a file of the DAG
@@ -247,21 +255,31 @@ def train_mem_mb(wildcards) -> int:
 
 
 # ---- the benchmarks behind the papers' speed claims (workflow/rules/bench.smk) ----
+BENCH_SUITE = config["bench"]["suite"]  # `snakemake bench`: reports/bench/<name>.json
 # RedSync's claim that the gain grows with the communication-to-computation ratio: the throughput
 # benchmark once more per model, a compute-heavy and a communication-heavy one.
-BENCH_MODELS = ["resnet20", "wide_mlp"]
-# The benchmarks each paper's report reads for its speed claims (its notebook's load_bench calls).
+BENCH_MODELS = config["bench"]["models"]
+BENCH_ARGS = config["bench"].get("args", {})
+# The benchmarks each paper's report reads for its speed claims (the evidence.bench() calls of
+# commlab.report.claims_<paper>).
 SPEED_BENCH = {
     "adpsgd": ["throughput"],
     "oktopk": ["throughput", "scaling", "selection"],
-    "redsync": ["selection"] + [f"throughput_{m}" for m in BENCH_MODELS],
+    "redsync": ["selection", "throughput_resnet20", "throughput_wide_mlp"],
     "ssdsgd": ["throughput"],
 }
+# What bench_measure builds: the suite's benchmarks and those the speed claims read, but the cost
+# model (bench_scaling) and the throughput per model (bench_throughput_model).
+MEASURED_BENCH = sorted(
+    n
+    for n in {*BENCH_SUITE, *sum(SPEED_BENCH.values(), [])}
+    if n != "scaling" and not n.startswith("throughput_")
+)
 
 
 def _measure_speed() -> bool:
     """Whether this run measures the speed claims' benchmarks (config bench.speed_claims)."""
-    setting = config.get("bench", {}).get("speed_claims", "auto")
+    setting = config["bench"]["speed_claims"]
     if setting is False or not any(p in SPEED_BENCH for p in config["papers"]):
         return False
     from commlab.bench.common import emulation_unavailable

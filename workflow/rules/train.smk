@@ -1,7 +1,8 @@
 """Training: one job per (paper, run name, seed) of the resolved grids (workflow/rules/common.smk).
 
-Each job writes its run config, then `commlab launch` validates it and starts torchrun with the
-run's workers; rank 0 logs to MLflow and writes the sentinel (run id, git commit, data hash).
+Each job writes its run config (workflow/scripts/run_config.py), then `commlab launch` validates
+it and starts torchrun with the run's workers; rank 0 logs to MLflow and writes the sentinel (run
+id, git commit, data hash).
 A job killed mid-run resumes from its checkpoints when rerun (--rerun-incomplete); a job that
 had finished and runs again (changed config or data, --forcerun) starts from scratch.
 """
@@ -40,11 +41,8 @@ rule run_config:
         run=run_config_json,
         checkpoints=checkpoints_dir,
         complete=complete_marker,
-    shell:
-        "rm -rf {params.checkpoints} {params.complete} && "
-        "python -c 'import json, sys, yaml; "
-        "sys.stdout.write(yaml.safe_dump(json.loads(sys.argv[1]), sort_keys=False))' "
-        "{params.run:q} > {output.config} 2> {log}"
+    script:
+        "../scripts/run_config.py"
 
 
 rule train:

@@ -4,12 +4,14 @@ A paper's speed claims ("faster than dense SGD, more so as bandwidth falls") nee
 workers talk over shaped links. The throughput benchmark (:mod:`commlab.bench.throughput`)
 measures exactly that, every method beside dense ``ssgd`` in one invocation, at loopback and at
 emulated 1 Gbit/s and 100 Mbit/s; the scaling benchmark extrapolates the measured volumes with
-the alpha-beta cost model. The report notebooks read those JSON files (``reports/bench/``) when
-MLflow holds no run with a ``network`` setting, and say where the numbers come from.
+the alpha-beta cost model. The claims (``commlab.report.claims_<paper>``) read those JSON files
+(``reports/bench/``) when MLflow holds no run with a ``network`` setting, and say where the
+numbers come from.
 
     bench = load_bench("throughput", out_dir)
     table = throughput_ratios(bench)                # network x method: ratio to ssgd on that link
-    ours, verdict = faster_on_slow_links(table["adpsgd"])
+
+The claims judge such ratios with :class:`commlab.report.rules.SpeedTrend`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,6 @@ import json
 from pathlib import Path
 
 import pandas as pd
-
-#: The verdict's threshold: a ratio within this of 1 is "no faster" (one repetition per cell).
-FASTER = 1.05
 
 
 def load_bench(name: str, out_dir: str | Path = "reports") -> dict | None:
@@ -44,38 +43,6 @@ def throughput_ratios(bench: dict, value: str = "ratio_to_ssgd") -> pd.DataFrame
         return pd.DataFrame()
     table = pd.DataFrame(rows).pivot_table(index="network", columns="method", values=value)
     return table.loc[sorted(table.index, key=link_mbit, reverse=True)]
-
-
-def faster_on_slow_links(ratios: pd.Series, paper: tuple[float, float] | None = None) -> tuple[str, str]:
-    """(ours, verdict) for "faster than the reference, more so as bandwidth falls".
-
-    ``ratios``: the method's throughput over the reference's per network (fastest link first).
-    The trend is judged on every link: the gain must not fall as the bandwidth falls (within
-    ``FASTER - 1`` of noise between neighbours). ``paper``: the paper's range of speed-ups on its
-    slowest setting; when given, the magnitude on our slowest link is set beside it.
-
-    Reproduced: faster on every emulated link, the gain grows as bandwidth falls, and (with
-    ``paper``) the slowest link's gain reaches the paper's lower bound. Partly: faster on the
-    slowest link but the trend or the magnitude falls short. Not reproduced otherwise."""
-    ratios = ratios.dropna()
-    if ratios.empty:
-        return "no measurement", "not measured"
-    ours = ", ".join(f"{net}: {r:.2f}x" for net, r in ratios.items())
-    emulated = ratios[[link_mbit(n) < float("inf") for n in ratios.index]]
-    if emulated.empty:
-        return ours, "not measured"
-    slowest = emulated.iloc[-1]
-    ordered = ratios.sort_index(key=lambda idx: [-link_mbit(n) for n in idx]).to_numpy()
-    grows = bool((ordered[1:] >= ordered[:-1] - (FASTER - 1)).all()) and slowest >= ratios.max() - 1e-12
-    magnitude = paper is None or slowest >= paper[0]
-    if paper is not None:
-        ours += (f"; paper {paper[0]:g}-{paper[1]:g}x: our slowest link's gain is "
-                 + ("below" if slowest < paper[0] else "within" if slowest <= paper[1] else "above") + " it")
-    if (emulated > FASTER).all() and grows and magnitude:
-        return ours, "reproduced"
-    if slowest > FASTER:
-        return ours, "partly reproduced"
-    return ours, "not reproduced"
 
 
 def dense_comm_share(bench: dict) -> str:

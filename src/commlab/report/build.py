@@ -1,4 +1,5 @@
-"""Build the reports (spec part 9): a paper's notebook executed against MLflow -> HTML, and the index.
+"""Build the reports (README, "Set-up"): a paper's notebook executed against MLflow -> HTML, and
+the index.
 
     commlab report --paper baseline [--paper kstep]    reports/<paper>/report.html, report.ipynb, claims.json
     commlab report --index                             reports/index.html

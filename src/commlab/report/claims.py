@@ -1,36 +1,67 @@
-"""Claims tables: each paper's claim beside our measurement and a verdict.
+"""Claims tables: each paper's claims declared once as data, evaluated against the measured runs
+(the format, and how to add a claim, a rule or a paper: docs/claims.md).
 
-A notebook builds a list of :class:`Claim` from measured runs and calls :func:`write_claims`,
-which saves ``<out>/<paper>/claims.json``; the report index gathers every paper's file into one
-summary. Verdicts are one of ``VERDICTS``; "not measured" is honest when a run is missing.
+A paper's claims live in ``commlab.report.claims_<paper>`` as a list ``CLAIMS`` of
+:class:`Declared`: the claim in a sentence, the paper's figure or section, and one or more
+:class:`Source` (what is measured, from which runs or benchmark file, and the shared rule of
+:mod:`commlab.report.rules` that judges it). :func:`evaluate` turns them into :class:`Claim` rows
+(claim, paper, ours, verdict, note, seeds); :func:`write_claims` saves ``<out>/<paper>/claims.json``,
+which the report shows first and the index gathers. The notebooks hold no verdict logic.
 
-A statement that holds by construction (a byte count given by a formula, a density the method is
-set to) is no reproduction of a paper: it is a consistency check of our own accounting, with the
-verdict ``consistent`` or ``inconsistent`` (``CHECKS``), listed apart from the paper's claims.
+A source's ``measure(evidence)`` returns the measurement as a dict of named values (or a list of
+dicts: one claim row each, e.g. per model), ``None`` when its runs or files are absent (the next
+source is tried; with none left the claim is "not measured", saying ``missing`` and ``needs``),
+or :class:`NotMeasured` for a row that says itself why it is not measured. The ``claim``,
+``paper``, ``ours`` and ``note`` texts are :meth:`str.format` templates over those values, plus
+``{why}`` (the rule's own words) and ``{verdict}``. Declared once, e.g.::
 
-Each claim says how many seeds stand behind its means (``seeds``, e.g. "n=3" or "n=1-3"): given
-by the notebook, or else read from the "(n=…)" that :func:`mean_sd` writes into ``ours``.
+    Declared(
+        claim="{name}: test accuracy within about a point of dense allreduce",
+        paper="Fig. 10-12",
+        sources=(Source(measure=accuracy_against_dense,            # values: name, acc, dense_acc, ...
+                        rule=AccuracyMatch("acc", "dense_acc", margin=1.0),
+                        ours="{acc_text} vs ssgd {dense_text} ({why})",
+                        note="{workers} workers, density {density:g}"),),
+        needs="needs finished runs and ssgd on as many workers")
+
+Verdicts are one of ``VERDICTS``; "not measured" is honest when a run is missing. A statement that
+holds by construction (a byte count given by a formula, a density the method is set to) is no
+reproduction of a paper: it is a consistency check of our own accounting (``check=True``, rule
+:class:`~commlab.report.rules.Consistency`), with the verdict ``consistent`` or ``inconsistent``
+(``CHECKS``), listed apart from the paper's claims.
+
+Each claim says how many seeds stand behind its means (``seeds``, e.g. "n=3" or "n=1-3"): the
+measurement's ``seeds`` value, or else read from the "(n=…)" that :func:`mean_sd` writes into ``ours``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-REPRODUCTION = ("reproduced", "partly reproduced", "not reproduced", "not measured")
-CHECKS = ("consistent", "inconsistent")  # statements that hold by construction
+REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_MEASURED = ("reproduced", "partly reproduced", "not reproduced",
+                                                    "not measured")
+CONSISTENT, INCONSISTENT = "consistent", "inconsistent"
+REPRODUCTION = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_MEASURED)
+CHECKS = (CONSISTENT, INCONSISTENT)  # statements that hold by construction
 VERDICTS = REPRODUCTION + CHECKS
 VERDICT_COLOURS = {"reproduced": "#d4edda", "partly reproduced": "#fff3cd", "not reproduced": "#f8d7da",
                    "not measured": "#e2e3e5", "consistent": "#d1ecf1", "inconsistent": "#f5c6cb"}
+CHECK_PREFIX = "[consistency check] "
 _N = re.compile(r"\(n=(\d+)\)")
 
 
 @dataclass
 class Claim:
+    """One row of a claims table, as evaluated."""
+
     claim: str  # the paper's claim, in a sentence
     paper: str  # the paper's figure (number and setting)
     ours: str  # our measurement at our scale, with the spread over seeds
@@ -41,7 +72,7 @@ class Claim:
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
-        if self.verdict == "not measured":
+        if self.verdict == NOT_MEASURED:
             self.seeds = ""  # no mean to stand behind
         elif not self.seeds:
             self.seeds = seeds_label(int(n) for n in _N.findall(self.ours))
@@ -52,11 +83,118 @@ class Claim:
         return self.verdict in CHECKS
 
 
-def check(claim: str, paper: str, ours: str, holds: bool | None, note: str = "") -> Claim:
-    """A consistency check: ``holds`` None when nothing was measured."""
-    verdict = "not measured" if holds is None else "consistent" if holds else "inconsistent"
-    return Claim(claim=f"[consistency check] {claim}", paper=paper, ours=ours, verdict=verdict, note=note)
+# ---- declarations --------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class NotMeasured:
+    """A measurement that says why its row is not measured; ``values`` fill the claim's templates
+    (e.g. the model of a per-model claim)."""
+
+    ours: str = "no runs"
+    note: str = ""
+    values: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One way to measure a claim: ``measure(evidence)`` -> values (see the module docstring),
+    judged by ``rule`` (:mod:`commlab.report.rules`), shown through the ``ours`` and ``note`` templates."""
+
+    measure: Callable[[Any], Any]
+    rule: Any
+    ours: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Declared:
+    """A paper's claim: its text and figure, the sources that can measure it (the first that finds
+    its runs or files decides), what the row says when none does, and whether it is a consistency
+    check. ``caveat`` is added to the note of any verdict short of "reproduced"."""
+
+    claim: str
+    paper: str
+    sources: tuple[Source, ...]
+    missing: str = "no runs"
+    needs: str = ""
+    check: bool = False
+    caveat: str = ""
+
+
+@dataclass
+class Evidence:
+    """What claims are measured from: the paper's runs (one row per name and seed, final metrics and
+    ``param.*`` columns), their metric history (long form) and the benchmark results under
+    ``<out_dir>/bench``. Tables derived once and shared by several claims (and the figures) are
+    cached: ``evidence.table(describe)``."""
+
+    runs: pd.DataFrame
+    history: pd.DataFrame
+    out_dir: Path = Path("reports")
+    tables: dict = field(default_factory=dict, repr=False)
+
+    def table(self, build: Callable[[Evidence], Any]) -> Any:
+        if build not in self.tables:
+            self.tables[build] = build(self)
+        return self.tables[build]
+
+    def bench(self, name: str) -> dict | None:
+        from commlab.report.bench import load_bench
+
+        return load_bench(name, self.out_dir)
+
+
+def _fill(template: str, values: dict) -> str:
+    return template.format_map(values) if template else ""
+
+
+def _row(declared: Declared, claim: str, paper: str, ours: str, verdict: str, note: str, seeds: str) -> Claim:
+    if verdict not in (NOT_MEASURED, REPRODUCED, *CHECKS) and declared.caveat:
+        note += declared.caveat
+    return Claim(CHECK_PREFIX + claim if declared.check else claim, paper, ours, verdict, note, seeds)
+
+
+def _judged(declared: Declared, source: Source, values: dict) -> Claim:
+    outcome = source.rule.judge(values)
+    filled = {**values, "why": outcome.why, "verdict": outcome.verdict}
+    return _row(declared, _fill(declared.claim, filled), _fill(declared.paper, filled),
+                _fill(source.ours, filled), outcome.verdict, _fill(source.note, filled), str(values.get("seeds", "")))
+
+
+def _unmeasured(declared: Declared, why: NotMeasured) -> Claim:
+    return _row(declared, _fill(declared.claim, why.values), _fill(declared.paper, why.values), why.ours,
+                NOT_MEASURED, why.note, "")
+
+
+def evaluate_one(declared: Declared, evidence: Evidence) -> list[Claim]:
+    """The rows of one declared claim: the first source that measures decides."""
+    for source in declared.sources:
+        found = source.measure(evidence)
+        if found is None:
+            continue
+        rows = found if isinstance(found, list) else [found]
+        return [_unmeasured(declared, r) if isinstance(r, NotMeasured) else _judged(declared, source, r)
+                for r in rows]
+    return [_unmeasured(declared, NotMeasured(declared.missing, declared.needs))]
+
+
+def evaluate(declared: list[Declared], evidence: Evidence) -> list[Claim]:
+    """Every declared claim's rows, in the declared order."""
+    return [row for d in declared for row in evaluate_one(d, evidence)]
+
+
+def declarations(paper: str):
+    """The module ``commlab.report.claims_<paper>`` (its ``CLAIMS``, ``METRICS`` and the tables
+    its figures share)."""
+    try:
+        return importlib.import_module(f"commlab.report.claims_{paper}")
+    except ModuleNotFoundError as err:
+        if err.name != f"commlab.report.claims_{paper}":
+            raise
+        raise ValueError(f"paper {paper!r} declares no claims: no module commlab.report.claims_{paper}") from None
+
+
+# ---- texts and files -----------------------------------------------------------------------------
 
 def mean_sd(values) -> str:
     """'m ± sd (n=…)' of a series, for the ``ours`` column."""
@@ -67,39 +205,17 @@ def mean_sd(values) -> str:
     return f"{s.mean():.4g} ± {sd:.2g} (n={len(s)})"
 
 
-def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False) -> tuple[str, str]:
-    """(text, verdict) for "our accuracy is within ``margin`` points of the reference's", or with
-    ``at_least`` for "no more than ``margin`` points below it" (a claim of similar or better accuracy).
-
-    The gap of the means is judged together with its standard error over seeds,
-    se = sqrt(sd_ours^2 / n_ours + sd_ref^2 / n_ref), so that neither a noisy comparison nor a gap
-    at the edge passes for a match: reproduced when the shortfall (|gap|, or -gap with ``at_least``)
-    stays within the margin by one standard error, shortfall + se <= margin; not reproduced when
-    even shortfall - 2 se > margin (outside the margin beyond the noise); partly reproduced
-    otherwise (the gap is near the margin, or the seeds are too noisy to tell: the text says which)."""
-    a, b = pd.Series(ours, dtype=float).dropna(), pd.Series(reference, dtype=float).dropna()
-    if a.empty or b.empty:
-        return "no runs", "not measured"
-    gap = a.mean() - b.mean()
-    var = (a.var(ddof=1) / len(a) if len(a) > 1 else 0.0) + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)
-    se = float(var) ** 0.5
-    shortfall = -gap if at_least else abs(gap)
-    bound = f"at most {margin:g} below" if at_least else f"margin {margin:g}"
-    text = f"gap {gap:+.2f} points, standard error {se:.2f} ({bound})"
-    if shortfall + se <= margin:
-        return text, "reproduced"
-    if shortfall - 2 * se > margin:
-        return text, "not reproduced"
-    why = "too noisy over these seeds to tell" if se > margin else "the gap is within a standard error of the margin"
-    return f"{text}; {why}", "partly reproduced"
-
-
 def seeds_label(counts) -> str:
     """'n=3' when every mean has as many seeds, 'n=1-3' otherwise, '' without any."""
     counts = sorted(set(counts))
     if not counts:
         return ""
     return f"n={counts[0]}" if len(counts) == 1 else f"n={counts[0]}-{counts[-1]}"
+
+
+def seeds_of(runs: pd.DataFrame) -> str:
+    """'n=3' (or 'n=1-3'): the seeds per run name behind the means a claim compares."""
+    return seeds_label(runs.groupby("name").seed.nunique()) if len(runs) else ""
 
 
 def claims_frame(claims: list[Claim]) -> pd.DataFrame:

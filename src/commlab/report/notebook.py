@@ -1,27 +1,23 @@
 """The prologue every report notebook shares: load the runs, describe them, show claims and figures.
 
-A paper's notebook (workflow/notebooks/<paper>.py) keeps only what is specific to its paper: which
-metrics it reads, its claims and its figures. Everything else lives here:
+A paper's notebook (workflow/notebooks/<paper>.py) keeps only its figures; its claims are declared
+in ``commlab.report.claims_<paper>`` (:mod:`commlab.report.claims`) and evaluated here:
 
-    from commlab.report.notebook import open_report, show, show_claims, param, at_evaluations
+    from commlab.report.notebook import open_report, show, show_claims
     rep = open_report(paper, out_dir, tracking_uri, scale, METRICS)   # shows title and scale
-    runs, history = rep.runs, rep.history
-    ...                                                              # the paper's claims
-    show_claims(rep, claims)                                         # the verdicts, first result
+    show_claims(rep)                                                 # the verdicts, first result
     show(rep, fig, "accuracy_vs_bytes")                              # figures at print quality
 
-The report reads what the runs logged; the one thing it can still compute for older runs is the
-model's parameter count (:func:`model_parameters`), which new runs log as ``model_parameters``.
-Importing this module also silences the warnings libraries print into a notebook (tqdm's
-"IProgress not found", pandas' and seaborn's FutureWarnings): a report shows results, and the
-build keeps any other stderr out of the HTML (commlab.report.build).
+A report reads MLflow (:mod:`commlab.report.collect`) and the benchmark files under
+``<out_dir>/bench`` only. Importing this module also silences the warnings libraries print into a
+notebook (tqdm's "IProgress not found", pandas' and seaborn's FutureWarnings): a report shows
+results, and the build keeps any other stderr out of the HTML (commlab.report.build).
 """
 
 from __future__ import annotations
 
 import html
 import io
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -41,12 +37,19 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from commlab.report.claims import VERDICT_COLOURS, Claim, seeds_label, write_claims  # noqa: E402
+from commlab.report.claims import (  # noqa: E402
+    VERDICT_COLOURS,
+    Claim,
+    Evidence,
+    declarations,
+    evaluate,
+    write_claims,
+)
 from commlab.report.collect import load_history, load_runs  # noqa: E402
+from commlab.report.tables import link_mbit  # noqa: E402
 
 DPI = 150  # print quality for every embedded and saved figure
 SCREEN_DPI = 96  # the figure's width in inches at this density is its width on the page
-KEYS = ["run_id", "name", "method", "seed", "step"]
 #: What the index's cross-paper charts read from every report (<out>/<paper>/runs.csv).
 SUMMARY_COLUMNS = ["paper", "name", "method", "seed", "workers", "model", "dataset", "scale", "network",
                    "link_mbit", "test_accuracy", "bytes_sent", "wall_seconds", "samples"]
@@ -61,15 +64,13 @@ matplotlib.rcParams.update({"savefig.dpi": DPI, "figure.dpi": SCREEN_DPI, "savef
 
 
 @dataclass
-class Report:
-    """One paper's report: its runs (newest finished per name and seed at one scale) and history."""
+class Report(Evidence):
+    """One paper's report: the evidence its claims are measured from (its runs, newest finished
+    per name and seed at one scale, their history and the benchmark files) and what it shows."""
 
-    paper: str
-    title: str
-    out_dir: Path
-    scale: str | None
-    runs: pd.DataFrame
-    history: pd.DataFrame
+    paper: str = ""
+    title: str = ""
+    scale: str | None = None
     figures: list[str] = field(default_factory=list)
 
     @property
@@ -94,7 +95,7 @@ def open_report(paper: str, out_dir: str | Path = "reports", tracking_uri: str |
     runs = load_runs(paper, uri=tracking_uri, scale=scale)
     history = load_history(runs, list(metrics), uri=tracking_uri) if len(runs) and metrics else \
         pd.DataFrame(columns=["run_id", "name", "method", "seed", "metric", "step", "value"])
-    rep = Report(paper, grid_title(paper), Path(out_dir), scale, runs, history)
+    rep = Report(runs, history, Path(out_dir), paper=paper, title=grid_title(paper), scale=scale)
     rep.folder.mkdir(parents=True, exist_ok=True)
     summary = runs.assign(paper=paper, link_mbit=link_mbit(runs)) if len(runs) else pd.DataFrame()
     summary.reindex(columns=SUMMARY_COLUMNS).to_csv(rep.folder / "runs.csv", index=False)
@@ -158,8 +159,10 @@ def claims_html(claims: list[Claim]) -> str:
     return '<table class="commlab-claims">' + "\n".join(rows) + "</table>"
 
 
-def show_claims(rep: Report, claims: list[Claim]) -> None:
-    """Write ``claims.json`` and show the claims table (the report's first result)."""
+def show_claims(rep: Report) -> None:
+    """Evaluate the paper's declared claims (``commlab.report.claims_<paper>``), write
+    ``claims.json`` and show the claims table (the report's first result)."""
+    claims = evaluate(declarations(rep.paper).CLAIMS, rep)
     write_claims(rep.paper, rep.title, claims, rep.out_dir)
     _display_html("<h2>Claims and verdicts</h2>" + claims_html(claims))
 
@@ -183,109 +186,3 @@ def nothing(text: str) -> None:
     from IPython.display import Markdown, display
 
     display(Markdown(f"_{text}_"))
-
-
-def seeds_of(runs: pd.DataFrame) -> str:
-    """'n=3' (or 'n=1-3'): the seeds per run name behind the means a claim compares."""
-    return seeds_label(runs.groupby("name").seed.nunique()) if len(runs) else ""
-
-
-def param(frame: pd.DataFrame, key: str, default=np.nan, numeric: bool = True) -> pd.Series:
-    """The run parameter ``key`` (dotted, as logged) as a column: numbers, or strings with
-    ``numeric=False``; ``default`` where a run lacks it (MLflow stores params as strings, and an
-    unset option as "None")."""
-    col = f"param.{key}"
-    if col not in frame:
-        return pd.Series(default, index=frame.index, dtype=float if numeric else object)
-    if numeric:
-        return pd.to_numeric(frame[col], errors="coerce").fillna(default)
-    return frame[col].replace({"None": default, "": default}).fillna(default)
-
-
-def link_mbit(runs: pd.DataFrame) -> pd.Series:
-    """The emulated link's rate in Mbit/s per run (NaN on loopback): a metric or a param of the run."""
-    for col in ("network_bandwidth_mbit", "param.network_bandwidth_mbit", "param.network.bandwidth_mbit"):
-        if col in runs:
-            return pd.to_numeric(runs[col], errors="coerce")
-    return pd.Series(np.nan, index=runs.index, dtype=float)
-
-
-def wide_history(history: pd.DataFrame, fill: bool = True) -> pd.DataFrame:
-    """Long history -> one row per (run, step), one column per metric; with ``fill`` forward-filled
-    within each run (evaluation metrics exist only at epoch ends)."""
-    if history.empty:
-        return pd.DataFrame(columns=KEYS)
-    wide = history.pivot_table(index=KEYS, columns="metric", values="value").reset_index()
-    wide.columns.name = None
-    wide = wide.sort_values(["run_id", "step"]).reset_index(drop=True)
-    if fill:
-        cols = [c for c in wide.columns if c not in KEYS]
-        wide[cols] = wide.groupby("run_id")[cols].ffill()
-    return wide
-
-
-def at_evaluations(history: pd.DataFrame, axes=("samples", "bytes_sent"), metric: str = "test_accuracy",
-                   info: pd.DataFrame | None = None, columns=()) -> pd.DataFrame:
-    """One row per evaluation of ``metric``, with the cumulative counters ``axes`` interpolated at
-    its step (counters are logged every few steps and start at 0 at step 0; evaluations happen at
-    epoch ends) and ``columns`` of ``info`` (one row per run) joined on run_id."""
-    evals = history[history.metric == metric].rename(columns={"value": metric}).drop(columns="metric")
-    evals = evals.reset_index(drop=True)
-    for axis in axes:
-        logged = history[history.metric == axis]
-        values = []
-        for row in evals.itertuples():
-            mine = logged[logged.run_id == row.run_id].sort_values("step")
-            steps = np.concatenate([[0], mine.step.to_numpy()])
-            ys = np.concatenate([[0.0], mine.value.to_numpy()])
-            values.append(float(np.interp(row.step, steps, ys)) if len(mine) else np.nan)
-        evals[axis] = values
-    if info is not None and columns:
-        evals = evals.merge(info[["run_id", *columns]], on="run_id", how="left")
-    return evals
-
-
-def bytes_per_step(history: pd.DataFrame, run_id: str) -> float:
-    """Bytes a run's rank 0 sent per step between its first and last logged points: the steady
-    state, without the one-off broadcast of the initial model (which a short run would otherwise
-    spread over few steps)."""
-    h = history[(history.run_id == run_id) & (history.metric == "bytes_sent")].sort_values("step")
-    if len(h) < 2 or h.step.iloc[-1] == h.step.iloc[0]:
-        return float("nan")
-    return float((h.value.iloc[-1] - h.value.iloc[0]) / (h.step.iloc[-1] - h.step.iloc[0]))
-
-
-def mean_sd_table(runs: pd.DataFrame, by: str, columns: dict[str, str]) -> pd.DataFrame:
-    """Per ``by`` group: the number of seeds and 'mean ± sd' of each column (label -> column)."""
-    def spread(values: pd.Series) -> str:
-        values = values.dropna()
-        sd = values.std(ddof=1) if len(values) > 1 else 0.0
-        return f"{values.mean():.4g} ± {sd:.2g}" if len(values) else ""
-
-    present = {label: col for label, col in columns.items() if col in runs}
-    return runs.groupby(by).agg(seeds=("seed", "nunique"), **{k: (c, spread) for k, c in present.items()})
-
-
-def model_parameters(run) -> int:
-    """Trainable parameters of a run's model: the ``model_parameters`` it logged, else computed
-    from its model and dataset (runs from before the training loop logged it)."""
-    for key in ("param.model_parameters", "model_parameters"):
-        value = run.get(key) if hasattr(run, "get") else None
-        if value is not None and str(value) not in ("None", "nan", ""):
-            return int(float(value))
-    from commlab.models import build_model
-    from commlab.registry import DATASETS
-
-    spec = DATASETS.get(str(run["param.dataset"]))
-    model = build_model(str(run["param.model"]), spec.channels, spec.num_classes, spec.image_size)
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def test_images(run) -> int | None:
-    """How many test images a run evaluates on (its test_subset, else the prepared test set)."""
-    meta = Path(str(run["param.data_dir"])) / str(run["param.dataset"]) / "meta.json"
-    total = json.loads(meta.read_text())["test_shape"][0] if meta.exists() else None
-    subset = str(run.get("param.train.test_subset", "None"))
-    if subset.isdigit():
-        return min(int(subset), total) if total else int(subset)
-    return total

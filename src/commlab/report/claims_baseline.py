@@ -1,0 +1,155 @@
+"""The baseline's claims: ssgd through the Communicator does what PyTorch DDP does (Li et al., "PyTorch
+Distributed: Experiences on Accelerating Data Parallel Training", VLDB'20, sections 3-4: gradient
+averaging by a bucketed allreduce, the same updates as local SGD on the global batch).
+
+Measured on the runs ``ssgd`` and ``ddp`` of config/papers/baseline.yaml (same seeds): their
+training-loss curves, final test accuracies and bytes sent per step, the last against one ring
+allreduce of the gradient (Patarasuk & Yuan 2009).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from commlab.report.claims import Declared, Evidence, Source, mean_sd
+from commlab.report.rules import Consistency, Within
+from commlab.report.tables import bytes_per_step, wide_history
+
+METRICS = ["train_loss", "test_loss", "test_accuracy", "samples", "bytes_sent", "wall_seconds"]
+LOSS_TOLERANCE = 0.02  # mean |loss gap| accepted between two runs of one algorithm (float order)
+BYTES_TOLERANCE = 0.01  # relative distance from the ring-allreduce volume
+NEEDS = "needs finished ssgd and ddp runs"
+
+
+def training_curves(ev: Evidence) -> pd.DataFrame:
+    """One row per (run, logged training step) with one column per metric (the figures' too)."""
+    if ev.history.empty:
+        return pd.DataFrame()
+    wide = wide_history(ev.history[~ev.history.metric.isin(["test_accuracy", "test_loss"])], fill=False)
+    return wide.dropna(subset=["train_loss"]) if "train_loss" in wide else pd.DataFrame()
+
+
+def _accuracies(ev: Evidence) -> tuple[pd.Series, pd.Series]:
+    runs = ev.runs
+    if not len(runs):
+        return pd.Series(dtype=float), pd.Series(dtype=float)
+    return runs.loc[runs.name == "ssgd", "test_accuracy"], runs.loc[runs.name == "ddp", "test_accuracy"]
+
+
+def loss_gap(ev: Evidence) -> dict | None:
+    """Mean |ssgd - ddp| training loss over the logged steps of each common seed (the largest),
+    the seed-to-seed spread of either method (mean |seed a - seed b| at equal steps), the gap at
+    the first logged step, and the seeds compared."""
+    train = ev.table(training_curves)
+    if train.empty:
+        return None
+    loss = train.pivot_table(index=["seed", "step"], columns="name", values="train_loss")
+    if not {"ssgd", "ddp"} <= set(loss.columns):
+        return None
+    both = loss[["ssgd", "ddp"]].dropna()
+    seeds = sorted(both.index.get_level_values("seed").unique())
+    if not seeds:
+        return None
+    gap = max(float((g["ssgd"] - g["ddp"]).abs().mean()) for _, g in both.groupby(level="seed"))
+    first = max(float(abs(g["ssgd"].iloc[0] - g["ddp"].iloc[0])) for _, g in both.groupby(level="seed"))
+    spreads = []
+    for name in ("ssgd", "ddp"):
+        per_seed = loss[name].unstack("seed").dropna()
+        if per_seed.shape[1] > 1:
+            spreads.append(float(per_seed.max(axis=1).sub(per_seed.min(axis=1)).mean()))
+    spread = max(spreads) if spreads else float("nan")
+    allowed = max(LOSS_TOLERANCE, spread) if np.isfinite(spread) else LOSS_TOLERANCE
+    return {"gap": gap, "first": first, "seeds_compared": [int(s) for s in seeds], "allowed": allowed,
+            "spread_text": f"{spread:.4f}" if np.isfinite(spread) else "n/a (one seed)",
+            "tolerance": LOSS_TOLERANCE}
+
+
+def pooled_sd(*groups: pd.Series) -> float:
+    """Pooled within-group standard deviation (0 when no group has two values)."""
+    squares = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
+    dof = sum(len(g) - 1 for g in groups)
+    return float(np.sqrt(squares / dof)) if dof > 0 else 0.0
+
+
+def test_images(run) -> int | None:
+    """How many test images a run evaluated on, from its params: ``test_images`` where the run
+    logged it, else its ``train.test_subset`` (None: the whole test set, whose size the run did
+    not log)."""
+    for key in ("param.test_images", "param.train.test_subset"):
+        value = str(run.get(key, "None"))
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def accuracy_difference(ev: Evidence) -> dict | None:
+    """The difference of the mean final accuracies against what the runs can resolve: twice the
+    larger of its standard error over seeds (pooled s.d.) and its standard error from the finite
+    test set (binomial; two seeds give a poor s.d., so the test set sets a floor)."""
+    ssgd, ddp = _accuracies(ev)
+    if not len(ssgd) or not len(ddp):
+        return None
+    diff = float(ssgd.mean() - ddp.mean())
+    per_pair = 1 / len(ssgd) + 1 / len(ddp)
+    se_seed = pooled_sd(ssgd, ddp) * np.sqrt(per_pair)
+    n_test = test_images(ev.runs.iloc[0])
+    p = float(pd.concat([ssgd, ddp]).mean()) / 100
+    se_test = 100 * np.sqrt(p * (1 - p) / n_test * per_pair) if n_test else 0.0
+    return {"ssgd": mean_sd(ssgd), "ddp": mean_sd(ddp), "diff": diff, "abs_diff": abs(diff), "se_seed": se_seed,
+            "n_test": n_test, "se_test": se_test, "allowed": 2 * max(se_seed, se_test)}
+
+
+def ring_allreduce_bytes(parameters: int, workers: int) -> float:
+    """Bytes rank 0 sends in one ring allreduce of ``parameters`` fp32 values on ``workers`` ranks:
+    the tensor in ``workers`` chunks (the first ``parameters % workers`` one element longer), every
+    chunk but its own sent once in the reduce-scatter and once in the allgather, less the one it
+    receives last in each (Patarasuk & Yuan 2009)."""
+    if workers == 1:
+        return 0.0
+    chunk = [parameters // workers + (1 if j < parameters % workers else 0) for j in range(workers)]
+    return 4.0 * (2 * parameters - chunk[1 % workers] - chunk[2 % workers])
+
+
+def bytes_against_ring(ev: Evidence) -> dict | None:
+    """Bytes sent per step by rank 0 for ssgd and ddp beside one ring allreduce of the gradient
+    (the model's size from the ``model_parameters`` every run logs)."""
+    ssgd, ddp = _accuracies(ev)
+    if not len(ssgd) or not len(ddp):
+        return None
+    run = ev.runs.iloc[0]
+    expected = ring_allreduce_bytes(int(float(run["param.model_parameters"])), int(run["workers"]))
+    measured = {name: float(np.mean([bytes_per_step(ev.history, r) for r in ev.runs[ev.runs.name == name].run_id]))
+                for name in ("ssgd", "ddp")}
+    worst = max(abs(v / expected - 1.0) for v in measured.values())
+    return {"ssgd": measured["ssgd"], "ddp": measured["ddp"], "expected": expected, "worst": worst,
+            "holds": worst <= BYTES_TOLERANCE, "tolerance": BYTES_TOLERANCE}
+
+
+CLAIMS = [
+    Declared(
+        claim="ssgd through the Communicator follows DDP's training-loss curve on the same seeds",
+        paper="DDP (Li et al., VLDB'20): gradient averaging by allreduce, same updates as local SGD",
+        sources=(Source(loss_gap, Within("gap", bound="allowed", partly=2),
+                        ours="mean |loss gap| {gap:.4f} over the logged steps (first step {first:.1e}); seed-to-seed "
+                             "spread {spread_text}; seeds {seeds_compared}",
+                        note="verdict: gap <= max({tolerance}, seed spread) = {allowed:.4f}"),),
+        needs=NEEDS),
+    Declared(
+        claim="ssgd and DDP reach the same final test accuracy",
+        paper="DDP (Li et al., VLDB'20)",
+        sources=(Source(accuracy_difference, Within("abs_diff", bound="allowed", partly=2),
+                        ours="ssgd {ssgd} %, ddp {ddp} %; difference {diff:+.2f} pp",
+                        note="verdict: |difference| <= 2 x max(s.e. over seeds {se_seed:.2f}, s.e. of {n_test} test "
+                             "images {se_test:.2f}) = {allowed:.2f} pp"),),
+        needs=NEEDS),
+    Declared(
+        claim="Both send one ring allreduce of the full gradient per step: 2(P-1)/P x 4 B x parameters",
+        paper="ring allreduce cost (Patarasuk & Yuan 2009); DDP's bucketed allreduce",
+        sources=(Source(bytes_against_ring, Consistency("holds"),
+                        ours="bytes sent per step by rank 0: ssgd {ssgd:,.0f}, ddp {ddp:,.0f}; one ring allreduce of "
+                             "the gradient: {expected:,.0f}",
+                        note="largest relative distance {worst:.2%} (tolerance {tolerance:.0%}); ssgd counts its "
+                             "buckets' collectives, ddp records the allreduce DDP runs inside backward"),),
+        needs=NEEDS, check=True),
+]
