@@ -55,6 +55,7 @@ class ResidentImages:
         n_train, n_test = train.get("train_subset"), train.get("test_subset")
         self.train_x, self.train_y = data.train_x[:n_train].to(device), data.train_y[:n_train].to(device)
         self.test_x, self.test_y = data.test_x[:n_test].to(device), data.test_y[:n_test].to(device)
+        self.n_test = len(self.test_y)
         self.num_classes = data.spec.num_classes
         self.normalise = normaliser(data.spec.mean, data.spec.std, device)
 
@@ -100,6 +101,7 @@ class StreamedImages:
         self.train, self.test = data.train, data.test
         self.train_rows = subset_rows(len(self.train), train.get("train_subset"))
         self.test_rows = subset_rows(len(self.test), train.get("test_subset"))
+        self.n_test = self.test_rows.numel() if self.test_rows is not None else len(self.test)
         self.workers = loader_workers(loader.get("workers"))
         pin = loader.get("pin_memory")
         self.pin = device.type == "cuda" if pin is None else bool(pin)

@@ -152,6 +152,8 @@ class Run:
         params = {**config, "network": network or None, "method_params": dataclasses.asdict(self.algo.options),
                   "model_parameters": sum(t.numel() for t in self.model.parameters()), **emulated,
                   **self.algo.run_params()}
+        if hasattr(data, "test_samples"):  # the evaluation's size: the reports' standard errors need it
+            params["test_images"] = data.test_samples
         self.logger = open_logger(config, params, self.tags(), rt, self.p.run_id)
         self.p.run_id = self.logger.run_id
         if rt.is_main and isinstance(self.logger, RunLogger):  # for the launcher, should every worker die

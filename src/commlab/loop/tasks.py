@@ -89,6 +89,11 @@ class ImageClassification(Task):
                          data.meta, data.spec)
         self.source = source
 
+    @property
+    def test_samples(self) -> int:
+        """How many test images an evaluation scores (logged as the run's ``test_images``)."""
+        return self.source.n_test
+
     def model_inputs(self) -> dict:
         size = getattr(self.source, "size", self.spec.image_size)
         return {"in_channels": self.spec.channels, "num_classes": self.source.num_classes, "image_size": size}
