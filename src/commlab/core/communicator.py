@@ -15,8 +15,8 @@ all_gather (ring)      sent = recv = (P-1) m          (m elements per rank)
 reduce_scatter (ring)  sent = recv = (P-1) n / P
 broadcast (pipeline)   recv = n unless root;  sent = n unless i is the ring predecessor of root
 all_to_all             sent = sum of splits to others, recv = sum of splits from others
-all_gatherv            sizes exchanged by all_gather, then all_to_all: sent = (P-1) n_i,
-                       recv = sum_{j != i} n_j
+all_gatherv            sizes exchanged by all_gather, then an all_gather of every rank's rows
+                       zero-padded to the largest rank's m elements: sent = recv = (P-1) m
 send / recv            n
 =====================  =====================================================================
 
@@ -248,18 +248,23 @@ class Communicator:
 
     def all_gatherv(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Gather tensors whose dim 0 differs across ranks (zero rows allowed). Returns one
-        tensor per rank, in rank order, each with that rank's rows."""
-        device = self.device
-        n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=device)
-        sizes = self.all_gather(n).view(-1).tolist()
+        tensor per rank, in rank order, each with that rank's rows.
+
+        Two collectives: the row counts (``all_gatherv_counts``, one int64 per rank), then one
+        all_gather of every rank's rows padded with zeros to the largest count
+        (``all_gatherv``): each rank sends and receives P-1 padded blocks, the padding included.
+        When every rank has zero rows the second collective is skipped."""
+        n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=self.device)
+        sizes = [int(c) for c in self.all_gather(n).view(-1).tolist()]
         self.stats.relabel_last("all_gatherv_counts")
-        rows = tensor.shape[0]
-        # Send our rows to every rank: all_to_all with the same block for each destination.
-        payload = tensor.contiguous().repeat((self.size,) + (1,) * (tensor.dim() - 1)) \
-            if self.size > 1 else tensor
-        out, _ = self.all_to_all_single(payload, [rows] * self.size, sizes)
+        width, rest = max(sizes), tuple(tensor.shape[1:])
+        if width == 0:
+            return [tensor.new_empty((0, *rest)) for _ in sizes]
+        pad = width - tensor.shape[0]
+        block = torch.cat([tensor, tensor.new_zeros((pad, *rest))]) if pad else tensor
+        out = self.all_gather(block)
         self.stats.relabel_last("all_gatherv")
-        return list(torch.split(out, sizes, dim=0))
+        return [out[j, :sizes[j]] for j in range(self.size)]
 
     @property
     def device(self) -> torch.device:
