@@ -26,9 +26,10 @@ class Timeline:
     """A fake device: events record its time, which moves ``tick`` seconds at every record."""
 
     def __init__(self, tick: float = 1.0):
-        self.now, self.tick, self.syncs = 0.0, tick, 0
+        self.now, self.tick, self.syncs, self.created = 0.0, tick, 0, 0
 
     def events(self, device):
+        self.created += 1
         return FakeEvent(self)
 
 
@@ -69,6 +70,16 @@ def test_pending_pairs_are_bounded_and_read_oldest_first():
     assert got == [1.0, 2.0] and clock.pending == 3 and timeline.syncs == 2
     clock.resolve()
     assert got == [1.0, 2.0, 3.0, 4.0, 5.0] and clock.pending == 0 and timeline.syncs == 5
+
+
+def test_events_that_were_read_are_recorded_again():
+    timeline = Timeline()
+    clock, got = DeviceClock(timeline.events), []
+    for _ in range(2):
+        for _ in range(5):
+            clock.stop(clock.start(torch.device("cpu")), got.append)
+        clock.resolve()
+    assert got == [1.0] * 10 and timeline.created == 10  # the second window made no event
 
 
 def _collectives(rank, world):

@@ -28,18 +28,21 @@ KERNEL_S = 0.3  # the spin kernel queued before the allreduce
 LATE_S = 0.4  # how late the second rank joins the asynchronous allreduce
 
 
-def _spin_cycles(device: torch.device, seconds: float) -> tuple[int, float]:
-    """GPU clock cycles for a ``torch.cuda._sleep`` of about ``seconds``, and its measured length."""
-    def timed(cycles: int) -> float:
+def _spin_cycles(seconds: float) -> int:
+    """GPU clock cycles for a ``torch.cuda._sleep`` of at least about ``seconds`` (the clock rate
+    climbs while the GPU warms up, so the estimate is refined until a spin lasts long enough)."""
+    cycles = 10_000_000
+    for _ in range(6):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         torch.cuda._sleep(cycles)
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / 1000
-    probe = 10_000_000
-    cycles = int(probe * seconds / timed(probe))
-    return cycles, timed(cycles)
+        took = start.elapsed_time(end) / 1000
+        if took >= seconds:
+            break
+        cycles = int(cycles * 1.2 * seconds / max(took, 1e-4))
+    return cycles
 
 
 def _kernel_then_allreduce(rank, world):
@@ -50,20 +53,23 @@ def _kernel_then_allreduce(rank, world):
     x = torch.ones(1 << 20, device=device)
     comm.all_reduce(x)  # warm-up: communicators and buffers exist before the timed call
     x.fill_(1.0)
-    cycles, kernel_s = _spin_cycles(device, KERNEL_S)
+    cycles = _spin_cycles(KERNEL_S)
     comm.stats.totals()
     before = comm.stats.counters["comm_seconds"]
+    spin = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize(device)
     t0 = time.perf_counter()
+    spin[0].record()
     if rank == 0:
         torch.cuda._sleep(cycles)  # queued: the host goes on at once
+    spin[1].record()
     comm.all_reduce(x)
     pending = comm.clock.pending
     torch.cuda.synchronize(device)
     host_s = time.perf_counter() - t0
     charged = comm.stats.totals()["comm_seconds"] - before
-    return {"kernel_s": kernel_s, "host_s": host_s, "charged_s": charged, "pending": pending,
-            "value": x[0].item()}
+    return {"kernel_s": spin[0].elapsed_time(spin[1]) / 1000, "host_s": host_s, "charged_s": charged,
+            "pending": pending, "value": x[0].item()}
 
 
 @pytest.mark.parametrize("backend, world", [("nccl", 1), ("gloo", 2)])

@@ -66,17 +66,30 @@ class Event(Protocol):
     def elapsed_time(self, end: Event) -> float: ...  # milliseconds from this event to ``end``
 
 
+# Stream objects by (device index, raw stream handle): ``torch.cuda.current_stream`` builds a new
+# one at each call, which costs more than recording the event; the raw handle is one C call.
+_STREAMS: dict[tuple[int, int], torch.cuda.Stream] = {}
+
+
+def _current_stream(index: int) -> torch.cuda.Stream:
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    stream = _STREAMS.get(key)
+    if stream is None:
+        stream = _STREAMS[key] = torch.cuda.current_stream(index)
+    return stream
+
+
 class CudaEvent:
     """A timing CUDA event recorded on ``device``'s current stream."""
 
-    __slots__ = ("device", "event")
+    __slots__ = ("event", "index")
 
     def __init__(self, device: torch.device):
-        self.device = device
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
         self.event = torch.cuda.Event(enable_timing=True)
 
     def record(self) -> None:
-        self.event.record(torch.cuda.current_stream(self.device))
+        self.event.record(_current_stream(self.index))
 
     def synchronize(self) -> None:
         self.event.synchronize()
@@ -124,12 +137,19 @@ class DeviceClock:
     def __init__(self, events: Callable[[torch.device | None], Event | None] = cuda_events,
                  max_pending: int = MAX_PENDING):
         self._events = events
-        self._pending: deque[tuple[Event, Event, Sink]] = deque()
+        self._pending: deque[tuple[Event, Event, Sink, torch.device]] = deque()
+        # Events already read, per device, recorded again by later intervals: creating a CUDA
+        # event costs more than recording one.
+        self._free: dict[torch.device, list[Event]] = {}
         self.max_pending = max_pending
+
+    def _event(self, device: torch.device | None) -> Event | None:
+        free = self._free.get(device)
+        return free.pop() if free else self._events(device)
 
     def start(self, device: torch.device | None) -> Span:
         """Start timing a piece that runs on ``device`` (None: the host)."""
-        event = self._events(device)
+        event = self._event(device)
         if event is None:
             return Span(time.perf_counter(), None)
         event.record()
@@ -140,9 +160,9 @@ class DeviceClock:
         if span.device is None:
             sink(time.perf_counter() - span.start)
             return
-        end = self._events(span.device)
+        end = self._event(span.device)
         end.record()
-        self._pending.append((span.start, end, sink))
+        self._pending.append((span.start, end, sink, span.device))
         if len(self._pending) > self.max_pending:
             self._read_oldest()
 
@@ -167,6 +187,10 @@ class DeviceClock:
             self._read_oldest()
 
     def _read_oldest(self) -> None:
-        start, end, sink = self._pending.popleft()
+        start, end, sink, device = self._pending.popleft()
         end.synchronize()
-        sink(start.elapsed_time(end) / 1000.0)
+        seconds = start.elapsed_time(end) / 1000.0
+        free = self._free.setdefault(device, [])
+        if len(free) < 2 * self.max_pending:
+            free += (start, end)
+        sink(seconds)
