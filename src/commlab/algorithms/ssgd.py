@@ -31,6 +31,7 @@ gradient replaced by another tensor is copied into its bucket and the view put b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -82,7 +83,7 @@ class GradBucket:
     @staticmethod
     def attach_one(p: torch.nn.Parameter, view: torch.Tensor) -> None:
         grad = p.grad
-        if grad is not None and grad.data_ptr() == view.data_ptr():
+        if grad is view or (grad is not None and grad.data_ptr() == view.data_ptr()):
             return
         if grad is None:
             view.zero_()
@@ -109,16 +110,15 @@ class SynchronousSGD(Algorithm):
         super().setup()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.buckets = [GradBucket.of(group) for group in grad_buckets(params, int(self.options.bucket_mb * 2**20))]
-        self._slot = {p: (bucket, view) for bucket in self.buckets
-                      for p, view in zip(bucket.params, bucket.views, strict=True)}
         self._next = 0  # the first bucket not started in this step
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._accumulated)
+        for bucket in self.buckets:
+            for p, view in zip(bucket.params, bucket.views, strict=True):
+                p.register_post_accumulate_grad_hook(partial(self._accumulated, bucket, view))
 
     # ---- the overlapped allreduce ------------------------------------------------------------------
-    def _accumulated(self, p: torch.nn.Parameter) -> None:
-        """Backward has accumulated ``p``'s gradient: start every bucket that is now complete."""
-        bucket, view = self._slot[p]
+    def _accumulated(self, bucket: GradBucket, view: torch.Tensor, p: torch.nn.Parameter) -> None:
+        """Backward has accumulated ``p``'s gradient (a view into ``bucket``): start every bucket
+        that is now complete."""
         if bucket.pending is not None:
             raise RuntimeError("ssgd: a gradient was accumulated after its bucket's allreduce had started "
                                "(backward called twice in one step?)")
