@@ -5,6 +5,7 @@ import os
 import shutil
 
 import pytest
+import torch
 
 from commlab.registry import BENCHMARKS
 
@@ -43,6 +44,19 @@ def test_collectives_tiny(tmp_path):
         assert row["ratio_paired"] > 0 and row["bookkeeping_pct"] > 0
     assert data["bookkeeping_us_per_call"] > 0
     assert "skipped" in data["network_check"]
+    for row in data["sizes"]:  # the Communicator's own record of each measured call (host time here)
+        assert row["clock_samples"] == 2 and 0 < row["clock_ms"]
+        assert row["clock_over_completion"] == pytest.approx(row["clock_ms"] / row["communicator_ms"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message a machine without CUDA gives")
+def test_collectives_on_nccl_skips_without_cuda(tmp_path, capsys):
+    out = tmp_path / "collectives.json"
+    assert BENCHMARKS.get("collectives")(["--backend", "nccl", "--sizes", "1K"], str(out)) == 0
+    data = _read(out)
+    assert (data["backend"], data["skipped"]) == ("nccl", "no CUDA device on this machine (NCCL runs on GPUs)")
+    assert "sizes" not in data
+    assert "--backend nccl skipped: no CUDA device" in capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +74,7 @@ def test_throughput_tiny(throughput_json):
     assert summary[("loopback", "ssgd")]["ratio_to_ssgd"] == pytest.approx(1.0)
     ddp = summary[("loopback", "ddp")]
     assert ddp["ratio_to_ssgd"] == pytest.approx(ddp["samples_per_s"] / summary[("loopback", "ssgd")]["samples_per_s"])
+    assert data["ssgd_over_ddp"]["loopback"] == pytest.approx(1 / ddp["ratio_to_ssgd"])
     # Both methods move one dense allreduce of the same model per step (rank 0 of 2: n elements sent).
     assert ddp["bytes_per_step"] == pytest.approx(summary[("loopback", "ssgd")]["bytes_per_step"])
     assert summary[("loopback", "ssgd")]["collectives_per_step"] == pytest.approx(1.0)

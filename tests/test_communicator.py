@@ -115,13 +115,24 @@ def _variable(rank, world):
     mine = torch.arange(rank, dtype=torch.int64) + 2**24 + 1 + rank * 10
     gathered = comm.all_gatherv(mine)
     gcalls = comm.stats.drain()
-    return received, recv_counts, calls, gathered, gcalls
+    # The padded gather costs what an all_gather of the largest block costs.
+    comm.all_gather(torch.zeros(world - 1, dtype=torch.int64))
+    plain = comm.stats.drain()[0]
+    # Rows of two float64 columns: padding rows and widths count element by element.
+    rows = torch.full((rank % 2, 2), float(rank), dtype=torch.float64)
+    wide = comm.all_gatherv(rows)
+    wcalls = comm.stats.drain()
+    # Every rank empty: the counts alone, no data collective.
+    empty = comm.all_gatherv(torch.empty(0, dtype=torch.float32))
+    ecalls = comm.stats.drain()
+    return received, recv_counts, calls, gathered, gcalls, plain, wide, wcalls, empty, ecalls
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_uneven_all_to_all_and_allgatherv_are_exact(world):
     results = run_distributed(_variable, world)
-    for rank, (received, recv_counts, calls, gathered, gcalls) in enumerate(results):
+    for rank, (received, recv_counts, calls, gathered, gcalls, plain, wide, wcalls, empty, ecalls) in \
+            enumerate(results):
         expected_counts = [(src + rank) % 3 for src in range(world)]
         assert recv_counts == expected_counts
         expected = [[src * 100 + rank, i] for src in range(world) for i in range(expected_counts[src])]
@@ -134,12 +145,22 @@ def test_uneven_all_to_all_and_allgatherv_are_exact(world):
         assert [g.tolist() for g in gathered] == [
             (torch.arange(r) + 2**24 + 1 + r * 10).tolist() for r in range(world)]
         assert gathered[0].numel() == 0 and gathered[0].dtype == torch.int64
+        # One all_gather of the counts, one of the blocks padded to the largest (world - 1 rows):
+        # every rank sends and receives (P - 1) padded blocks, padding included.
         size_call, gather_call = gcalls
         assert size_call.op == "all_gatherv_counts" and gather_call.op == "all_gatherv"
-        assert counts_call.messages == data_call.messages == gather_call.messages == world - 1
-        assert gather_call.elements_sent == rank * (world - 1)
-        assert gather_call.elements_recv == sum(range(world)) - rank
-        assert gather_call.bytes_sent == 8 * gather_call.elements_sent
+        assert size_call.elements_sent == size_call.elements_recv == world - 1
+        assert size_call.messages == gather_call.messages == 2 * (world - 1)  # ring allgathers, in halves
+        assert gather_call.elements_sent == gather_call.elements_recv == (world - 1) * (world - 1)
+        assert gather_call.bytes_sent == gather_call.bytes_recv == 8 * (world - 1) ** 2
+        assert (gather_call.elements_sent, gather_call.bytes_sent) == (plain.elements_sent, plain.bytes_sent)
+        assert [w.tolist() for w in wide] == [[[float(r)] * 2] * (r % 2) for r in range(world)]
+        assert all(w.shape[1:] == (2,) and w.dtype == torch.float64 for w in wide)
+        _, wide_call = wcalls
+        assert wide_call.elements_sent == wide_call.elements_recv == (world - 1) * 2  # one padded row of 2
+        assert wide_call.bytes_sent == 8 * wide_call.elements_sent
+        assert [e.numel() for e in empty] == [0] * world and len(ecalls) == 1
+        assert ecalls[0].op == "all_gatherv_counts"
 
 
 def _p2p(rank, world):

@@ -190,3 +190,38 @@ def test_reduce_pairs_does_not_depend_on_the_order_pairs_arrive_in(n, dtype):
         assert torch.equal(u, torch.unique(idx))
         torch.testing.assert_close(s.double(), reference[u], rtol=1e-6 if dtype == torch.float32 else 1e-12,
                                    atol=1e-6 * float(val.abs().max()))
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the tensor operations that read a result on the host (a device sync on CUDA)."""
+
+    READS = {torch.Tensor.tolist, torch.Tensor.item, torch.Tensor.__bool__, torch.Tensor.__int__,
+             torch.Tensor.__float__, torch.Tensor.cpu, torch.Tensor.nonzero, torch.nonzero, torch.unique,
+             torch.unique_consecutive, torch.Tensor.unique, torch.Tensor.unique_consecutive}
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += func in self.READS
+        return func(*args, **(kwargs or {}))
+
+
+def _host_reads_of_split_and_reduce(rank, world):
+    out = {}
+    for size, comm in communicators(world).items():
+        n = 500
+        idx, val = contribution(size, comm.rank, n, 40)
+        for schedule in ("alltoall", "rounds"):
+            with HostReads() as reads:
+                split_and_reduce(comm, idx, val, equal_boundaries(n, size), schedule=schedule)
+            out[(size, schedule)] = reads.count
+    return out
+
+
+def test_rounds_schedule_reads_the_host_as_often_as_one_all_to_all_on_any_world():
+    results = run_distributed(_host_reads_of_split_and_reduce, max(WORLDS))
+    counts = {key: value for res in results for key, value in res.items()}
+    assert counts[(2, "alltoall")] > 0  # the counter sees the count exchange
+    assert len(set(counts.values())) == 1, counts  # no host read per round: the same on 2 ... 8 ranks

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from commlab.core.clock import Clock
+from commlab.core.clock import DeviceClock
 from commlab.core.control import ControlChannel
 from commlab.core.runtime import Runtime
 
@@ -82,7 +82,9 @@ class MethodContext:
         optimizer: the optimizer the loop steps, built from ``loop_optimizer``'s declaration.
             Read its state (momentum buffers, Adam moments); the loop alone steps it.
         optimizer_builder: how the loop builds optimizers; :meth:`build_optimizer` uses it.
-        clock: times pieces of a step on this run's device (:mod:`commlab.core.clock`).
+        clock: the run's device clock (:mod:`commlab.core.clock`), shared with the Communicator:
+            ``with clock.timed(device, sink):`` times a piece of a step on the device that runs
+            it (CUDA events, read at the next log point; host time on the CPU) into ``sink``.
         control: the uncounted side channel over the method's ranks, for traffic that is not the
             method's: probes, max-over-ranks metrics, evaluation averages (:mod:`commlab.core.control`).
 
@@ -106,7 +108,7 @@ class MethodContext:
     run_optimizer: OptimizerSettings
     optimizer: torch.optim.Optimizer
     optimizer_builder: OptimizerBuilder
-    clock: Clock
+    clock: DeviceClock
     control: ControlChannel
 
     @property

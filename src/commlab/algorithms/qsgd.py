@@ -8,9 +8,9 @@ order, so every replica applies the same gradient. Nothing is summed in the quan
 so what the Communicator records is exactly what is sent: ``(P - 1) * message_bytes(n)`` per
 rank and step (ring all-gather). Random draws come from ``rank_generator(seed, rank, stream)``.
 
-``fp16``: the dense allreduce of SSGD with the gradient pre-divided by P (as torch's
-fp16_compress_hook does, so the fp16 sum stays in range) and cast to float16 on the wire:
-half the bytes of the float32 allreduce.
+``fp16``: the dense allreduce of SSGD (bucketed and started during backward, as ``ssgd``) with
+the gradient pre-divided by P (as torch's fp16_compress_hook does, so the fp16 sum stays in
+range) and cast to float16 on the wire: half the bytes of the float32 allreduce.
 
 One step is one global reduction for both.
 """
@@ -89,13 +89,13 @@ class QSGD(Algorithm):
 
 @ALGORITHMS.register("fp16")
 class FP16(SynchronousSGD):
-    """SSGD's bucketed allreduce (same buckets and options) of the gradient pre-divided by P and
-    cast to float16."""
+    """SSGD's bucketed allreduce, overlapped with backward the same way (same buckets and options),
+    of the gradient pre-divided by P and cast to float16."""
 
-    def after_backward(self, info: StepInfo) -> None:
-        with self.comm.reduction():
-            for bucket in self.buckets:
-                flat = flat_grads(bucket)
-                wire = to_fp16(flat / self.comm.size)
-                self.comm.all_reduce(wire, op="sum")
-                write_grads(bucket, from_fp16(wire, flat.dtype))
+    wire_op = "sum"
+
+    def encode(self, flat: torch.Tensor) -> torch.Tensor:
+        return to_fp16(flat / self.comm.size)
+
+    def decode(self, wire: torch.Tensor, flat: torch.Tensor) -> None:
+        flat.copy_(from_fp16(wire, flat.dtype))

@@ -242,10 +242,9 @@ class RedSync(Algorithm):
 
     def _compress(self, layer: Layer, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Select, mask and return (local indices, values or the one-element mean)."""
-        clock = self.ctx.clock
-        t0 = clock.mark()
-        idx = layer.selector(layer.v, k)
-        seconds = clock.seconds_since(t0)
+        key = f"{layer.selector_name}_n{layer.n}"
+        with self.ctx.clock.timed(layer.v.device, lambda seconds: self._selection_seconds(key, seconds)):
+            idx = layer.selector(layer.v, k)
         values = layer.v[idx]
         if self.quantized:
             keep = values > 0 if step % 2 == 0 else values < 0
@@ -257,11 +256,14 @@ class RedSync(Algorithm):
             layer.v[idx] = 0
         layer.u[idx] = 0  # momentum factor masking
         layer.last_indices = idx
-        self.comm.stats.add_selection(idx.numel(), seconds)
-        key = f"{layer.selector_name}_n{layer.n}"
-        self.totals[f"select_s_{key}"] += seconds
+        self.comm.stats.add_selection(idx.numel())
         self.totals[f"select_calls_{key}"] += 1
         return idx, values
+
+    def _selection_seconds(self, key: str, seconds: float) -> None:
+        """A clock sink: one selection's seconds (device time on CUDA, read at the log point)."""
+        self.comm.stats.add_selection(0, seconds)
+        self.totals[f"select_s_{key}"] += seconds
 
     def _sync_dense(self, layers: list[Layer]) -> None:
         """Allreduce (average) the residuals of the dense layers; no masking (nothing delayed)."""

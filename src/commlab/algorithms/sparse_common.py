@@ -137,18 +137,18 @@ class SparseAlgorithm(Algorithm):
 
     @contextmanager
     def selecting(self):
-        """Time a selection with the run's clock (``ctx.clock``: to completion of the device's
-        work) into comm.stats.selection_seconds; the block sets ``box[0]`` to the number of
-        entries it selected."""
+        """Time a selection on the run's device clock (``ctx.clock``: CUDA events read at the next
+        log point, host time on the CPU) into comm.stats.selection_seconds and ``select_ms``; the
+        block sets ``box[0]`` to the number of entries it selected."""
         box = [0]
-        clock = self.ctx.clock
-        t0 = clock.mark()
-        try:
+        stats = self.comm.stats
+        with self.ctx.clock.timed(self.params[0].device, self._selection_seconds):
             yield box
-        finally:
-            seconds = clock.seconds_since(t0)
-            self.comm.stats.add_selection(box[0], seconds)
-            self.window["select_seconds"] += seconds
+        stats.add_selection(box[0])
+
+    def _selection_seconds(self, seconds: float) -> None:
+        self.comm.stats.add_selection(0, seconds)
+        self.window["select_seconds"] += seconds
 
     def step_sent(self) -> int:
         """Elements this rank has sent so far in the current step (for volume budgets)."""

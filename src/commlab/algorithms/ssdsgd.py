@@ -42,8 +42,9 @@ return an older version); which version is used is deterministic, so runs are re
 Per-step metrics (``algo_``): ``warmup``, ``staleness`` (global updates the gradient's base
 weights lack), ``staleness_mean``, ``refreshes``, ``refresh_distance`` (L2 distance between the
 local and global replicas just before a refresh, and its mean), ``overlapped_seconds`` (time the
-async collectives were in flight before their wait was called), ``in_flight``,
-``global_version``. Time blocked in waits is the Communicator's ``blocked_seconds``.
+async collectives were in flight before their wait was called, on the device clock: device time
+on CUDA), ``in_flight``, ``global_version``. Time blocked in waits is the Communicator's
+``blocked_seconds``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import time
 from dataclasses import dataclass
 
 import torch
@@ -59,6 +59,7 @@ import torch
 from commlab.algorithms.base import Algorithm, OptimizerSettings, StepInfo
 from commlab.algorithms.local_compensation import LOCAL_RULES
 from commlab.algorithms.tensors import flatten, grad_buckets, restore_into, unflatten_into
+from commlab.core.clock import Span
 from commlab.core.communicator import Pending
 from commlab.registry import ALGORITHMS
 
@@ -112,7 +113,7 @@ class _InFlight:
     step: int
     lr: float
     ops: list[Pending]
-    launched: float  # perf_counter() at launch
+    launched: Span  # the device clock at launch
 
 
 class DelayedGlobalSGD(Algorithm):
@@ -225,7 +226,7 @@ class DelayedGlobalSGD(Algorithm):
 
     def _launch(self, grads: list[torch.Tensor], step: int, lr: float) -> None:
         """Start this step's gradient allreduce (copies: the own gradient is still needed)."""
-        t0 = time.perf_counter()
+        t0 = self.ctx.clock.start(self.params[0].device)
         with self.comm.reduction():
             ops = [self.comm.all_reduce_async(torch.cat([grads[i].reshape(-1) for i in bucket]), op="avg")
                    for bucket in self.buckets]
@@ -253,11 +254,15 @@ class DelayedGlobalSGD(Algorithm):
         (all of them when None)."""
         while self.in_flight and (before is None or self.in_flight[0].step < before):
             job = self.in_flight.pop(0)
-            self.counters["overlapped_seconds"] += time.perf_counter() - job.launched
+            self.ctx.clock.stop(job.launched, self._overlapped)
             for bucket, op in zip(self.buckets, job.ops, strict=True):
                 flat = op.wait()  # blocked time goes to comm.stats
                 unflatten_into(flat, [self.global_params[i].grad for i in bucket])
             self._global_step(job.lr)
+
+    def _overlapped(self, seconds: float) -> None:
+        """A clock sink: how long an allreduce was in flight before its wait was called."""
+        self.counters["overlapped_seconds"] += seconds
 
     def _global_step(self, lr: float) -> None:
         """One synchronous SGD update of the global replica with the averaged gradient."""
@@ -289,6 +294,7 @@ class DelayedGlobalSGD(Algorithm):
         """Completes the in-flight allreduces first (applying them now or at the next refresh
         gives the same replica), then saves the global replica and everything needed to go on."""
         self._complete(before=None)
+        self.ctx.clock.resolve()  # their overlap times into the counters saved below
         return {"global_model": self.global_model.state_dict(),
                 "global_optimizer": self.global_opt.state_dict(),
                 "global_grads": [gp.grad.clone() for gp in self.global_params],

@@ -1,4 +1,5 @@
-"""``commlab bench throughput``: samples/s of every registered method, as ratios to dense ``ssgd``.
+"""``commlab bench throughput``: samples/s of every registered method, as ratios to dense ``ssgd``,
+and ``ssgd`` against PyTorch DDP.
 
 Spec 8 part 4. Every registered method (or ``--methods``) trains the same short run
 (``--max-steps`` steps of the laptop CNN, 4 workers) on loopback and on emulated links of 1 Gbit/s
@@ -10,6 +11,8 @@ model (``commlab bench scaling``). Methods run with the options the laptop-scale
 them (``--options defaults``: their own defaults), dense warm-up included, and the rate is taken
 after the warm-up ends (``--max-steps`` steps of the method itself; ``--no-warmup`` skips the
 warm-up instead). With ``--repeats R`` the methods are interleaved R times and the median is reported.
+``ddp`` always runs beside ``ssgd`` (added when ``--methods`` leaves it out): ``ssgd / ddp``, per
+network, says how the dense reference every ratio divides by compares with what a PyTorch user runs.
 Emulated links need root and iproute2; without them those columns are skipped with the reason.
 On emulated links each run also records the bytes its links carried in the measured window, per
 rank and summed, beside the accounted bytes (``wire`` in the JSON; ``commlab bench wire`` turns
@@ -84,6 +87,16 @@ WIRE_SUMMARY = {"accounted_bytes_all_ranks": "bytes_sent", "wire_bytes_all_ranks
                 "wire_payload_all_ranks": "wire_tx_payload", "wire_over_accounted": "payload_over_accounted"}
 
 
+def ssgd_over_ddp(table: list[dict], networks: list[str]) -> dict[str, float | None]:
+    """Per network: ssgd's samples/s over ddp's (None where either failed)."""
+    rate = {(e["network"], e["method"]): e.get("samples_per_s") for e in table}
+    out = {}
+    for net in networks:
+        ours, theirs = rate.get((net, "ssgd")), rate.get((net, "ddp"))
+        out[net] = ours / theirs if ours and theirs else None
+    return out
+
+
 def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list[dict]:
     """Median over repeats per (network, method) and the ratio to ssgd on the same network."""
     table = []
@@ -132,6 +145,8 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
         parser.error(f"--max-steps ({args.max_steps}) must be at least 2 x --log-every ({args.log_every})")
     args.dataset = resolve_dataset(args)
     methods = resolve_methods(args.methods)
+    if "ddp" not in methods:
+        methods.insert(1, "ddp")  # the external reference for ssgd
     names = [network_name(n) for n in args.networks]
 
     workdir = Workdir(keep=args.keep)
@@ -140,12 +155,13 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
     finally:
         workdir.close()
     table = summarise(rows, methods, names)
+    versus_ddp = ssgd_over_ddp(table, [n for n in names if n not in skipped])
     payload = {"workers": args.workers, "model": args.model, "dataset": args.dataset,
                "batch_per_worker": args.batch_size, "max_steps": args.max_steps, "log_every": args.log_every,
                "repeats": args.repeats, "options": args.options, "warmup_steps_zero": args.no_warmup,
                "methods": methods,
                "networks": names, "skipped_networks": skipped,
-               "summary": table, "runs": rows}
+               "ssgd_over_ddp": versus_ddp, "summary": table, "runs": rows}
 
     wide = []
     for method in methods:
@@ -171,6 +187,9 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
           + "), and its ratio to dense ssgd measured in the same invocation. On emulated links, the bytes "
           "the links carried (payload, all ranks) over the bytes accounted, in the same steps "
           "(`commlab bench wire` explains each).", "", md_table(wide, columns)]
+    md += ["", "ssgd / ddp samples/s (dense ssgd, bucketed allreduces started during backward, against "
+           "PyTorch DDP, side by side): " + "; ".join(
+               f"{net} {ratio:.3f}" if ratio else f"{net} n/a" for net, ratio in versus_ddp.items())]
     for net, reason in skipped.items():
         md += ["", f"{net}: skipped ({reason})"]
     failed = [e for e in table if "error" in e]

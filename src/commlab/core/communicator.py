@@ -2,10 +2,11 @@
 
 It wraps torch.distributed for the world or for a subgroup and records, per call, the operation,
 the scope (``global`` for the whole world, ``local`` for a subgroup), the elements and bytes this
-rank sent and received, the point-to-point messages it sent, and the wall time. The numbers are
-the cost of the algorithm gloo runs for each call (:mod:`commlab.core.costs`), computed exactly
-from the tensor shapes rather than estimated, and checked against the bytes emulated links carry
-(docs/network.md, "Bytes on the wire"):
+rank sent and received, the point-to-point messages it sent, and the seconds it took. The numbers
+are the cost of the algorithm gloo runs for each call (:mod:`commlab.core.costs`), computed
+exactly from the tensor shapes rather than estimated, and checked against the bytes emulated links
+carry (docs/network.md, "Bytes on the wire"); the seconds come from the run's device clock
+(docs/network.md, "What the seconds mean"):
 
 =====================  =====================================================================
 operation              elements sent / received by rank i of P (n elements), messages sent
@@ -19,8 +20,8 @@ reduce_scatter         sent = recv = (P-1) n / P: on gloo one all_to_all of the 
 broadcast (binomial)   recv = n unless root;  sent = n per child in the tree: the root
                        ceil(log2 P) copies, ranks in the last half none
 all_to_all             sent = sum of splits to others, recv = sum of splits from others; P-1
-all_gatherv            sizes exchanged by all_gather, then all_to_all: sent = (P-1) n_i,
-                       recv = sum_{j != i} n_j
+all_gatherv            sizes exchanged by all_gather, then an all_gather of every rank's rows
+                       zero-padded to the largest rank's m elements: sent = recv = (P-1) m
 send / recv            n; one message (the sender's)
 barrier                nothing; ceil(log2 P) empty messages
 =====================  =====================================================================
@@ -35,6 +36,13 @@ A *reduction* is a semantic event (one gradient or model synchronisation), which
 collectives (buckets, a scalar side-channel): methods mark it with ``with comm.reduction():`` so
 that "global reductions" counts what the papers count.
 
+Seconds come from the run's device clock (:mod:`commlab.core.clock`): CUDA events on the current
+stream for CUDA tensors (device time, read at log points), host time for CPU tensors. No call
+synchronises the device: the backend orders a collective's result before later work on the
+current stream. A synchronous call records its own duration, not the work queued before it; an
+asynchronous one (:meth:`Communicator.all_reduce_async`) records its launch as ``comm_seconds``,
+and the time the stream then waits for it in :meth:`Pending.wait` as ``blocked_seconds``.
+
 Usage::
 
     comm = Communicator(stats=CommStats())
@@ -46,13 +54,13 @@ Usage::
 from __future__ import annotations
 
 import math
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from commlab.core.clock import DeviceClock, Span
 from commlab.core.control import collective_device
 from commlab.core.costs import (
     broadcast_sends,
@@ -74,22 +82,22 @@ _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.redu
 
 @dataclass
 class Pending:
-    """An asynchronous collective in flight. ``wait()`` blocks and records the blocked time."""
+    """An asynchronous collective in flight. ``wait()`` makes the current stream (the host, on
+    the CPU) wait for it and records that wait as blocked time."""
 
     work: dist.Work | None
     comm: Communicator
     op: str
-    started: float
     result: torch.Tensor | None = None
     done: bool = False
 
     def wait(self) -> torch.Tensor | None:
         if not self.done:
-            t0 = time.perf_counter()
+            clock = self.comm.clock
+            span = clock.start(None if self.result is None else self.result.device)
             if self.work is not None:
                 self.work.wait()
-            blocked = time.perf_counter() - t0
-            self.comm.stats.add_blocked(blocked)
+            clock.stop(span, self.comm.stats.blocked_time())
             self.done = True
             if self.op == "avg" and self.result is not None:
                 self.result.div_(self.comm.size)
@@ -103,7 +111,7 @@ class Communicator:
     """Collectives over the world (``scope='global'``) or a subgroup (``scope='local'``)."""
 
     def __init__(self, group: dist.ProcessGroup | None = None, scope: str = "global",
-                 stats: CommStats | None = None):
+                 stats: CommStats | None = None, clock: DeviceClock | None = None):
         if scope not in ("global", "local"):
             raise ValueError(f"scope must be 'global' or 'local', got {scope!r}")
         if not dist.is_initialized():
@@ -111,6 +119,9 @@ class Communicator:
         self.group = group
         self.scope = scope
         self.stats = stats if stats is not None else CommStats()
+        self.clock = clock if clock is not None else (self.stats.clock or DeviceClock())
+        if self.stats.clock is None:
+            self.stats.clock = self.clock  # the counters' readers resolve the clock first
         self.rank = dist.get_rank(group)
         self.size = dist.get_world_size(group)
         self._global_ranks = (
@@ -122,7 +133,7 @@ class Communicator:
     # ------------------------------------------------------------------ structure
     def subgroup(self, group: dist.ProcessGroup) -> Communicator:
         """A Communicator over ``group`` that records into the same stats as ``local``."""
-        return Communicator(group, scope="local", stats=self.stats)
+        return Communicator(group, scope="local", stats=self.stats, clock=self.clock)
 
     @contextmanager
     def reduction(self):
@@ -130,66 +141,63 @@ class Communicator:
         self.stats.add_reduction(self.scope)
         yield
 
-    def _record(self, op: str, sent: int, recv: int, esize: int, seconds: float, messages: int = 0) -> None:
-        self.stats.record(op, self.scope, sent, recv, esize, seconds, messages)
+    def _start(self, t: torch.Tensor) -> Span:
+        return self.clock.start(t.device)
 
-    def _record_all_reduce(self, tensor: torch.Tensor, seconds: float) -> None:
+    def _record(self, span: Span, op: str, sent: int, recv: int, esize: int, messages: int = 0) -> None:
+        """Count the call now; its seconds reach the record when the clock reads ``span``."""
+        self.clock.stop(span, self.stats.comm_time(self.stats.record(op, self.scope, sent, recv, esize,
+                                                                     messages=messages)))
+
+    def _record_all_reduce(self, span: Span, tensor: torch.Tensor) -> None:
         n, esize = tensor.numel(), tensor.element_size()
         sent, recv = ring_allreduce_cost(n, self.size, self.rank, esize)
-        self._record("all_reduce", sent, recv, esize, seconds, ring_allreduce_messages(n, self.size, self.rank, esize))
-
-    def _sync_device(self, t: torch.Tensor) -> None:
-        # CUDA collectives are asynchronous: time them to completion so seconds mean something.
-        if t.is_cuda:
-            torch.cuda.synchronize(t.device)
+        self._record(span, "all_reduce", sent, recv, esize, ring_allreduce_messages(n, self.size, self.rank, esize))
 
     # ------------------------------------------------------------------ dense collectives
     def all_reduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """In-place allreduce; ``op`` is sum, avg, max or min (avg = sum / size, gloo has no AVG)."""
         if op not in (*_OPS, "avg"):
             raise ValueError(f"op must be one of {[*_OPS, 'avg']}, got {op!r}")
-        t0 = time.perf_counter()
+        span = self._start(tensor)
         dist.all_reduce(tensor, op=_OPS.get(op, dist.ReduceOp.SUM), group=self.group)
         if op == "avg":
             tensor.div_(self.size)
-        self._sync_device(tensor)
-        self._record_all_reduce(tensor, time.perf_counter() - t0)
+        self._record_all_reduce(span, tensor)
         return tensor
 
     def all_reduce_async(self, tensor: torch.Tensor, op: str = "sum") -> Pending:
         """Start an in-place allreduce and return at once; the caller overlaps work and waits.
 
-        The call's own time is recorded as communication time; the time spent in ``wait()`` is
-        recorded as *blocked* time, which is what delayed-update methods reduce."""
+        The launch is recorded as communication time; the time the stream (the host, on the CPU)
+        then waits in ``Pending.wait()`` is recorded as *blocked* time, which is what overlapping
+        methods reduce."""
         if op not in ("sum", "avg"):
             raise ValueError(f"async op must be 'sum' or 'avg', got {op!r}")
-        t0 = time.perf_counter()
+        span = self._start(tensor)
         work = dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-        self._record_all_reduce(tensor, time.perf_counter() - t0)
-        return Pending(work, self, op, t0, result=tensor)
+        self._record_all_reduce(span, tensor)
+        return Pending(work, self, op, result=tensor)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """In-place broadcast from group rank ``src``."""
-        t0 = time.perf_counter()
+        span = self._start(tensor)
         dist.broadcast(tensor, src=self._global_ranks[src], group=self.group)
-        self._sync_device(tensor)
         n, copies = tensor.numel(), broadcast_sends(self.size, self.rank, src)
         recv = 0 if self.rank == src else n
-        self._record("broadcast", n * copies, recv, tensor.element_size(), time.perf_counter() - t0, copies)
+        self._record(span, "broadcast", n * copies, recv, tensor.element_size(), copies)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Gather equal-size tensors from every rank: returns shape ``(size, *tensor.shape)``."""
         # Flat buffers: gloo checks that the output is exactly size x input elements.
         out = torch.empty(self.size * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
-        t0 = time.perf_counter()
+        span = self._start(tensor)
         _all_gather_flat(out, tensor.contiguous().view(-1), group=self.group)
-        out = out.view(self.size, *tensor.shape)
-        self._sync_device(out)
         m = tensor.numel() * (self.size - 1)
         messages = 2 * (self.size - 1) if m else 0  # the ring in halves; nothing for an empty tensor
-        self._record("all_gather", m, m, tensor.element_size(), time.perf_counter() - t0, messages)
-        return out
+        self._record(span, "all_gather", m, m, tensor.element_size(), messages)
+        return out.view(self.size, *tensor.shape)
 
     def reduce_scatter(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         """Sum (or average) ``tensor`` over ranks and return this rank's 1/size slice of dim 0."""
@@ -200,7 +208,7 @@ class Communicator:
         out = torch.empty(
             (tensor.shape[0] // self.size, *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
         )
-        t0 = time.perf_counter()
+        span = self._start(tensor)
         flat = tensor.contiguous().view(-1)
         if self.size > 1 and dist.get_backend(self.group) == "gloo":
             # gloo's reduce_scatter allreduces the whole input (2(P-1)/P n per rank on the wire);
@@ -212,9 +220,8 @@ class Communicator:
             _reduce_scatter_flat(out.view(-1), flat, group=self.group)
         if op == "avg":
             out.div_(self.size)
-        self._sync_device(out)
         m = out.numel() * (self.size - 1)
-        self._record("reduce_scatter", m, m, tensor.element_size(), time.perf_counter() - t0, self.size - 1)
+        self._record(span, "reduce_scatter", m, m, tensor.element_size(), self.size - 1)
         return out
 
     # ------------------------------------------------------------------ variable-size collectives
@@ -233,15 +240,14 @@ class Communicator:
         row = tensor[0].numel() if tensor.dim() > 1 else 1
         out = torch.empty((sum(recv_counts), *tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
-        t0 = time.perf_counter()
+        span = self._start(tensor)
         if self.size == 1:
             out.copy_(tensor)
         else:
             dist.all_to_all_single(out, tensor.contiguous(), recv_counts, send_counts, group=self.group)
-        self._sync_device(out)
         sent = (sum(send_counts) - send_counts[self.rank]) * row
         recv = (sum(recv_counts) - recv_counts[self.rank]) * row
-        self._record("all_to_all", sent, recv, tensor.element_size(), time.perf_counter() - t0, self.size - 1)
+        self._record(span, "all_to_all", sent, recv, tensor.element_size(), self.size - 1)
         return out, list(recv_counts)
 
     def exchange_counts(self, send_counts: list[int]) -> list[int]:
@@ -249,30 +255,34 @@ class Communicator:
         device = self.device
         counts = torch.tensor(send_counts, dtype=torch.int64, device=device)
         out = torch.empty_like(counts)
-        t0 = time.perf_counter()
+        span = self._start(counts)
         if self.size == 1:
             out.copy_(counts)
         else:
             dist.all_to_all_single(out, counts, group=self.group)
-        self._sync_device(out)
         m = self.size - 1
-        self._record("all_to_all_counts", m, m, 8, time.perf_counter() - t0, m)
+        self._record(span, "all_to_all_counts", m, m, 8, m)
         return out.tolist()
 
     def all_gatherv(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         """Gather tensors whose dim 0 differs across ranks (zero rows allowed). Returns one
-        tensor per rank, in rank order, each with that rank's rows."""
-        device = self.device
-        n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=device)
-        sizes = self.all_gather(n).view(-1).tolist()
+        tensor per rank, in rank order, each with that rank's rows.
+
+        Two collectives: the row counts (``all_gatherv_counts``, one int64 per rank), then one
+        all_gather of every rank's rows padded with zeros to the largest count
+        (``all_gatherv``): each rank sends and receives P-1 padded blocks, the padding included.
+        When every rank has zero rows the second collective is skipped."""
+        n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=self.device)
+        sizes = [int(c) for c in self.all_gather(n).view(-1).tolist()]
         self.stats.relabel_last("all_gatherv_counts")
-        rows = tensor.shape[0]
-        # Send our rows to every rank: all_to_all with the same block for each destination.
-        payload = tensor.contiguous().repeat((self.size,) + (1,) * (tensor.dim() - 1)) \
-            if self.size > 1 else tensor
-        out, _ = self.all_to_all_single(payload, [rows] * self.size, sizes)
+        width, rest = max(sizes), tuple(tensor.shape[1:])
+        if width == 0:
+            return [tensor.new_empty((0, *rest)) for _ in sizes]
+        pad = width - tensor.shape[0]
+        block = torch.cat([tensor, tensor.new_zeros((pad, *rest))]) if pad else tensor
+        out = self.all_gather(block)
         self.stats.relabel_last("all_gatherv")
-        return list(torch.split(out, sizes, dim=0))
+        return [out[j, :sizes[j]] for j in range(self.size)]
 
     @property
     def device(self) -> torch.device:
@@ -282,26 +292,27 @@ class Communicator:
 
     # ------------------------------------------------------------------ point to point
     def send(self, tensor: torch.Tensor, dst: int) -> None:
-        t0 = time.perf_counter()
+        span = self._start(tensor)
         wire = tensor.contiguous()
         if wire.is_cuda and self._stage_p2p:
             wire = wire.cpu()
         dist.send(wire, dst=self._global_ranks[dst], group=self.group)
-        self._record("send", tensor.numel(), 0, tensor.element_size(), time.perf_counter() - t0, 1)
+        self._record(span, "send", tensor.numel(), 0, tensor.element_size(), 1)
 
     def recv(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        t0 = time.perf_counter()
+        span = self._start(tensor)
         if tensor.is_cuda and self._stage_p2p:
             staged = torch.empty(tensor.shape, dtype=tensor.dtype)  # host-side: gloo receives on the CPU
             dist.recv(staged, src=self._global_ranks[src], group=self.group)
             tensor.copy_(staged)
         else:
             dist.recv(tensor, src=self._global_ranks[src], group=self.group)
-        self._record("recv", 0, tensor.numel(), tensor.element_size(), time.perf_counter() - t0)
+        self._record(span, "recv", 0, tensor.numel(), tensor.element_size())
         return tensor
 
     def barrier(self) -> None:
-        t0 = time.perf_counter()
+        """Every rank waits for every other (host time: a barrier blocks the host on every backend)."""
+        span = self.clock.start(None)
         dist.barrier(group=self.group)
         rounds = math.ceil(math.log2(self.size)) if self.size > 1 else 0
-        self._record("barrier", 0, 0, 0, time.perf_counter() - t0, rounds)
+        self._record(span, "barrier", 0, 0, 0, rounds)

@@ -7,6 +7,13 @@ as its x-axis. Besides bytes, each collective counts the point-to-point messages
 (``messages_sent``; each costs the transport's framing on the wire), and ``by_op`` keeps bytes
 and messages per operation.
 
+Elements, bytes and messages are recorded exactly when a call is made. Seconds come from the
+run's :class:`~commlab.core.clock.DeviceClock` (device time on CUDA, host time on the CPU): on
+CUDA they arrive when the clock resolves its pending intervals, which :meth:`CommStats.totals` and
+:meth:`CommStats.state_dict` do first, so what they return is complete. ``comm_seconds`` is the
+collectives' own time (an asynchronous one: its launch), ``blocked_seconds`` the waits for
+asynchronous ones, ``selection_seconds`` the sparse methods' selections.
+
 Under an emulated network (docs/network.md, "Bytes on the wire") the launcher names the worker's
 interface (``COMMLAB_WIRE_INTERFACE``): :meth:`CommStats.totals` then adds that interface's own
 counters (``wire_tx_bytes``, ``wire_rx_bytes``, ``wire_tx_packets``, ``wire_rx_packets``: every
@@ -22,8 +29,11 @@ from __future__ import annotations
 import json
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from commlab.core.clock import DeviceClock
 
 COUNTERS = (
     "elements_sent", "elements_recv", "bytes_sent", "bytes_recv",
@@ -91,16 +101,26 @@ class CallRecord:
 @dataclass
 class CommStats:
     """Cumulative counters plus the records of the calls since the last :meth:`drain` (at most
-    :data:`MAX_CALLS`, the newest: a training run that never drains keeps bounded memory)."""
+    :data:`MAX_CALLS`, the newest: a training run that never drains keeps bounded memory).
+
+    ``clock``: the clock whose pending intervals feed these counters (the Communicator sets it);
+    :meth:`totals` and :meth:`state_dict` resolve it first. ``in_step``: the loop sets it while
+    a training step runs; seconds of collectives and waits started then are also added to
+    ``step_comm_seconds``, which the loop takes off the step's time (:meth:`take_step_comm`)."""
 
     counters: dict = field(default_factory=lambda: {k: 0 for k in COUNTERS})
     by_op: dict = field(default_factory=dict)  # op -> {"bytes_sent": ..., "messages_sent": ...}
     calls: deque = field(default_factory=lambda: deque(maxlen=MAX_CALLS))
     keep_calls: bool = True
     wire: WireMeter | None = field(default_factory=WireMeter.from_env)
+    clock: DeviceClock | None = None
+    in_step: bool = False
+    step_comm_seconds: float = 0.0
 
-    def record(self, op: str, scope: str, sent: int, recv: int, esize: int, seconds: float,
-               messages: int = 0) -> None:
+    def record(self, op: str, scope: str, sent: int, recv: int, esize: int, seconds: float = 0.0,
+               messages: int = 0) -> CallRecord | None:
+        """Count one call; returns its record (None when records are not kept), whose seconds a
+        :meth:`comm_time` sink completes later."""
         c = self.counters
         c["elements_sent"] += sent
         c["elements_recv"] += recv
@@ -112,8 +132,36 @@ class CommStats:
         mine = self.by_op.setdefault(op, {"bytes_sent": 0, "messages_sent": 0})
         mine["bytes_sent"] += sent * esize
         mine["messages_sent"] += messages
-        if self.keep_calls:
-            self.calls.append(CallRecord(op, scope, sent, recv, sent * esize, recv * esize, seconds, messages))
+        if not self.keep_calls:
+            return None
+        record = CallRecord(op, scope, sent, recv, sent * esize, recv * esize, seconds, messages)
+        self.calls.append(record)
+        return record
+
+    def comm_time(self, record: CallRecord | None) -> Callable[[float], None]:
+        """A clock sink for a collective's seconds: ``comm_seconds`` and the call's record."""
+        return self._sink("comm_seconds", record)
+
+    def blocked_time(self) -> Callable[[float], None]:
+        """A clock sink for a wait on an asynchronous collective: ``blocked_seconds``."""
+        return self._sink("blocked_seconds", None)
+
+    def _sink(self, key: str, record: CallRecord | None) -> Callable[[float], None]:
+        in_step = self.in_step  # where the call was made, not where its seconds are read
+
+        def add(seconds: float) -> None:
+            self.counters[key] += seconds
+            if record is not None:
+                record.seconds += seconds
+            if in_step:
+                self.step_comm_seconds += seconds
+        return add
+
+    def take_step_comm(self) -> float:
+        """Seconds of collectives and waits started inside steps since the last call (resolve
+        the clock first), and reset."""
+        seconds, self.step_comm_seconds = self.step_comm_seconds, 0.0
+        return seconds
 
     def relabel_last(self, op: str) -> None:
         """Rename the last call (a composite collective names its parts)."""
@@ -123,10 +171,8 @@ class CommStats:
     def add_reduction(self, scope: str) -> None:
         self.counters[f"reductions_{scope}"] += 1
 
-    def add_blocked(self, seconds: float) -> None:
-        self.counters["blocked_seconds"] += seconds
-
-    def add_selection(self, elements: int, seconds: float) -> None:
+    def add_selection(self, elements: int, seconds: float = 0.0) -> None:
+        """Entries selected, and seconds spent selecting (a clock sink adds them when read)."""
         self.counters["elements_selected"] += int(elements)
         self.counters["selection_seconds"] += seconds
 
@@ -136,14 +182,22 @@ class CommStats:
         self.calls.clear()
         return calls
 
+    def resolve(self) -> None:
+        """Read the clock's pending intervals into the counters (device time on CUDA)."""
+        if self.clock is not None:
+            self.clock.resolve()
+
     def totals(self) -> dict:
-        """The counters (and, on an emulated link, the interface's ``wire_*`` counters)."""
+        """The counters (and, on an emulated link, the interface's ``wire_*`` counters), with the
+        clock's pending seconds read first."""
+        self.resolve()
         totals = dict(self.counters)
         if self.wire is not None:
             totals.update(self.wire.sample(totals, self.by_op))
         return totals
 
     def state_dict(self) -> dict:
+        self.resolve()
         return {"counters": dict(self.counters), "by_op": {k: dict(v) for k, v in self.by_op.items()}}
 
     def load_state_dict(self, state: dict) -> None:

@@ -13,8 +13,9 @@ sync), clipping, optimizer step, ``algo.after_step`` (model sync). Every ``train
 steps a log point runs on every rank: one small allreduce on the control channel (outside the
 Communicator's accounting: it is instrumentation, not the method's traffic) averages the loss,
 spreads a SIGTERM to every rank so all checkpoint at the same step, and stops the run on a
-non-finite loss anywhere; then the method's ``metrics()`` (on every rank: a method may reduce
-there) and rank 0's log.
+non-finite loss anywhere; then the run's device clock is read (:mod:`.timing`: on CUDA the
+collectives', selections' and steps' event pairs of the window, one wait for the device), the
+method's ``metrics()`` (on every rank: a method may reduce there) and rank 0's log.
 
 Resume and faults (docs/cluster.md): a checkpoint at every epoch end (and on SIGTERM) holds the
 model, optimizer, algorithm state, communication counters, RNG states, data position, the task's
@@ -37,7 +38,15 @@ import torch.distributed as dist
 
 from commlab.algorithms.base import StepInfo
 from commlab.config import run_dir
-from commlab.core import CommStats, Communicator, ControlChannel, init_runtime, seed_everything, shutdown_runtime
+from commlab.core import (
+    CommStats,
+    Communicator,
+    ControlChannel,
+    DeviceClock,
+    init_runtime,
+    seed_everything,
+    shutdown_runtime,
+)
 from commlab.core.runtime import seed_per_rank
 from commlab.loop.checkpoint import load_checkpoint, save_checkpoint
 from commlab.loop.display import ProgressDisplay
@@ -58,6 +67,7 @@ from commlab.loop.runstate import (
     set_rng_state,
 )
 from commlab.loop.tasks import build_task
+from commlab.loop.timing import StepTimer
 from commlab.models import build_model
 
 __all__ = ["EXIT_PREEMPTED", "Run", "steps", "train"]
@@ -132,13 +142,17 @@ class Run:
         # The run's task (commlab.loop.tasks): its data on this rank, loss and test metrics.
         self.data = data = build_task(config, rt)
         self.model = build_model(config["model"], **data.model_inputs(), **config["model_options"]).to(rt.device)
-        self.comm = Communicator(stats=CommStats())
+        # One device clock times the collectives, the method's pieces and the steps; its pending
+        # intervals (CUDA events) are read at log points and checkpoints.
+        self.clock = DeviceClock()
+        self.comm = Communicator(stats=CommStats(), clock=self.clock)
+        self.timer = StepTimer(self.clock, self.comm.stats, rt.device)
         self.control = ControlChannel()  # the log point's allreduce: instrumentation, not counted
         self.algo = build_method(config["method"], self.model, self.comm,
                                  config.get("method_params") if options is None else options,
                                  runtime=rt, train=self.tcfg, seed=config["seed"],
                                  steps_per_epoch=data.steps_per_epoch, total_steps=data.total_steps,
-                                 workers_per_node=config["workers"], control=self.control)
+                                 workers_per_node=config["workers"], clock=self.clock, control=self.control)
         # The model was initialised from the shared seed; from here each rank draws its own dropout masks.
         seed_per_rank(config["seed"], rt.rank)
 
@@ -203,14 +217,13 @@ class Run:
 
     def step(self, batch) -> None:
         """One optimizer step on this rank's ``batch`` (the task's, on the device)."""
-        p, algo, stats = self.p, self.algo, self.comm.stats.counters
+        p, algo = self.p, self.algo
         self.lr = lr_at(p.step, self.data.steps_per_epoch, self.data.total_steps, self.tcfg)
 
-        t0, comm0 = time.perf_counter(), stats["comm_seconds"] + stats["blocked_seconds"]
-        loss = take_step(algo, StepInfo(p.step, p.epoch, self.lr), lambda: self._backward(batch))
-        # Compute is the step minus the time in collectives and in waits for asynchronous ones.
-        comm1 = stats["comm_seconds"] + stats["blocked_seconds"]
-        p.compute_s += (time.perf_counter() - t0) - (comm1 - comm0)
+        # Compute is the step minus the time in collectives and in waits for asynchronous ones,
+        # on the device clock (settled into p.compute_s at log points and checkpoints).
+        with self.timer.step():
+            loss = take_step(algo, StepInfo(p.step, p.epoch, self.lr), lambda: self._backward(batch))
 
         loss_value = loss.item()
         p.window_loss += loss_value if math.isfinite(loss_value) else float("inf")
@@ -235,6 +248,7 @@ class Run:
         if bad:
             raise NonFiniteLoss(f"non-finite training loss at step {p.step} (epoch {p.epoch}) on {bad} rank(s); "
                                 f"lower train.lr or enable train.grad_clip")
+        p.compute_s += self.timer.settle()  # reads the device clock: every figure below is complete
         metrics = step_metrics(self.comm.stats.totals(), self.algo.metrics(), mean_loss, self.lr, p.step, p.epoch,
                                p.step * rt.world_size * self.data.batch_size, p.compute_s, self.wall_s())
         p.final.update(metrics)
@@ -279,6 +293,7 @@ class Run:
         return self.p.wall_s + time.perf_counter() - self.t_start
 
     def checkpoint(self) -> None:
+        self.p.compute_s += self.timer.settle()
         save_checkpoint(self.ckpt_dir, self.p.step, self.rt.rank, self.rt.world_size, {
             "model": self.model.state_dict(), "optimizer": self.algo.optimizer.state_dict(),
             "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(),

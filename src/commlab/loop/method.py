@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from commlab.algorithms.base import Algorithm, MethodContext, StepInfo
-from commlab.core.clock import Clock, HostClock
+from commlab.core.clock import DeviceClock
 from commlab.core.communicator import Communicator
 from commlab.core.control import ControlChannel
 from commlab.core.runtime import Runtime
@@ -38,14 +38,14 @@ from commlab.registry import ALGORITHMS
 
 def build_method(method: str | type[Algorithm], model: torch.nn.Module, comm: Communicator, options: Any, *,
                  runtime: Runtime, train: dict, seed: int, steps_per_epoch: int, total_steps: int,
-                 workers_per_node: int, clock: Clock | None = None,
+                 workers_per_node: int, clock: DeviceClock | None = None,
                  control: ControlChannel | None = None) -> Algorithm:
     """The method ``method`` (a registered name or a class) over ``model``, set up.
 
     ``options`` are its parsed Options, or a ``method_params`` mapping (None: the defaults);
     ``train`` the run's ``train`` section. The loop's optimizer is built from what the method
-    declares; ``clock`` defaults to the host clock of ``runtime.device``, ``control`` to a
-    control channel over ``comm``'s ranks."""
+    declares; ``clock`` defaults to ``comm``'s (one clock times the collectives and the
+    method's pieces), ``control`` to a control channel over ``comm``'s ranks."""
     cls = ALGORITHMS.get(method) if isinstance(method, str) else method
     if options is None or isinstance(options, dict):
         options = parse_options(cls.Options, options)
@@ -55,7 +55,7 @@ def build_method(method: str | type[Algorithm], model: torch.nn.Module, comm: Co
         runtime=runtime, seed=seed, steps_per_epoch=steps_per_epoch, total_steps=total_steps,
         batch_size=int(train["batch_size"]), grad_clip=float(train["grad_clip"]) if train.get("grad_clip") else None,
         workers_per_node=workers_per_node, run_optimizer=run, optimizer=optimizer,
-        optimizer_builder=build_optimizer, clock=clock or HostClock(runtime.device),
+        optimizer_builder=build_optimizer, clock=clock or comm.clock,
         control=control or ControlChannel(comm.group))
     algo = cls(model, comm, options, ctx)
     algo.setup()
