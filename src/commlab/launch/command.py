@@ -156,13 +156,17 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
         return 2
     from commlab.core.runtime import check_backend  # here: torch after the workers' fork server started
 
-    try:  # an NCCL run with fewer GPUs than workers per node stops here, before any worker starts
-        choice = check_backend({**config, "backend": "gloo"} if section else config)
-    except ValueError as err:
-        print(f"commlab launch: {err}", file=sys.stderr)
-        return 2
-    if choice.note and not section:
-        print(f"[commlab launch] {choice.note}", flush=True)
+    # An NCCL run with fewer GPUs than workers per node stops here, before any worker starts. With
+    # several nodes each node's workers check their own node's GPUs when they start (srun places
+    # them; this process may run elsewhere), and stop with the same message.
+    if config.get("nodes", 1) == 1:
+        try:
+            choice = check_backend({**config, "backend": "gloo"} if section else config)
+        except ValueError as err:
+            print(f"commlab launch: {err}", file=sys.stderr)
+            return 2
+        if choice.note and not section:
+            print(f"[commlab launch] {choice.note}", flush=True)
     failures = FailureRecord()
     rc = _launch_workers(config, config_path, sentinel, section, failures)
     failures.record(config, rc)
