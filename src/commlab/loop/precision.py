@@ -1,5 +1,5 @@
 """The numeric precision of a run's training step: ``train.precision`` and ``train.tf32`` (README,
-"Mixed precision").
+"Paper scale").
 
 * ``precision: fp32`` (default): everything in float32.
 * ``precision: bf16``: the forward pass and the loss run under ``torch.autocast`` with bfloat16, on
