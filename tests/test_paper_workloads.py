@@ -11,35 +11,11 @@ import math
 import pytest
 import torch
 
-from commlab.bench.loader import generate_image_folder
 from commlab.testing import run_distributed
 from looprun import replicas_equal as _assert_replicas_equal
 from looprun import run as _run
 from looprun import run_config
 from looprun import runs as _runs
-from standins import ptb_corpus, token_corpus
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """data_dir with the stand-ins prepared as their DVC stages prepare the real data."""
-    from commlab.data.base import write_prepared
-    from commlab.data.image_folder import IMAGENET, prepare_folder
-    from commlab.data.text import PTB, prepare_text
-    from commlab.data.tokens import BERT_TOKENS, prepare_tokens
-    from commlab.registry import DATASETS
-
-    root = tmp_path_factory.mktemp("standins")
-    out = root / "prepared"
-    prepare_folder(out / "imagenet", IMAGENET, str(generate_image_folder(root / "imagenet", sides=(40, 90))))
-    prepare_text(out / "ptb", PTB, str(ptb_corpus(root / "ptb")))
-    prepare_tokens(out / "bert_tokens", BERT_TOKENS, str(token_corpus(root / "tokens")))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=g)
-    write_prepared(out / "cifar10", DATASETS.get("cifar10"), (x, torch.arange(64) % 10),
-                   (x[:16], torch.arange(16) % 10), "generated", [str(i) for i in range(10)])
-    return out
-
 
 IMAGE_MODELS = [("resnet50", 64), ("alexnet", 64), ("googlenet", 32)]
 
