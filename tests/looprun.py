@@ -31,7 +31,7 @@ def run(config: dict, stop_at: int | None = None, keep=None):
     from commlab.loop.precision import configure_tf32
     from commlab.loop.runstate import Preempted, StopSignal
 
-    rt = init_runtime("gloo")
+    rt = init_runtime("gloo", device=config["device"])
     seed_everything(config["seed"], rt.rank)
     configure_tf32(config["train"])
     loop, stop = Run(config, rt), StopSignal()

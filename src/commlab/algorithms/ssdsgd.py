@@ -31,6 +31,12 @@ as long as the k collectives of a period fit in k steps of compute. OD-SGD with 
 learning rate is thus exactly SSGD with a one-step-delayed gradient:
 ``w^g_{t+1} = opt(w^g_t, avg_i grad_i(w^g_{t-1}))``.
 
+The local learning rate follows the run's schedule (``local_lr_scale`` times it) unless
+``local_lr`` is given: the released scripts' ``--lr-local`` on steps of its own
+(``--lr-step-epochs-local``: ``local_milestones``, times ``local_gamma`` at each), which the method
+applies by scaling the local direction (weight decay included) to that rate, so it needs
+``local_momentum: 0``, as the releases run.
+
 The first ``warmup_steps`` steps are plain SSGD (blocking allreduce, same buckets and arithmetic
 as ``ssgd``); both replicas are then equal. BatchNorm running statistics are local: the global
 replica is evaluated with this rank's buffers (rank 0's in the loop's evaluation), as ``ssgd``.
