@@ -1,6 +1,7 @@
 """Small stand-ins of the papers' data formats, generated in a test's folder: a word corpus in
-PTB's layout and token-id arrays for the masked LM (the image folder in ImageNet's layout is
-:func:`commlab.bench.loader.generate_image_folder`)."""
+PTB's (and WikiText-2's) layout and token-id arrays for the masked LM (the image folder in
+ImageNet's layout is :func:`commlab.bench.loader.generate_image_folder`), and all of them
+prepared as their DVC stages prepare the real data (:func:`prepare_standins`)."""
 
 from __future__ import annotations
 
@@ -41,3 +42,33 @@ def token_corpus(folder: Path, train_tokens: int = 4000, test_tokens: int = 1000
         np.save(folder / f"{name}.npy", rng.integers(4, vocab, n).astype(np.uint16))
     (folder / "tokens.json").write_text(json.dumps({"vocab_size": vocab, "cls_id": 1, "sep_id": 2, "mask_id": 3}))
     return folder
+
+
+def prepare_standins(root: Path) -> Path:
+    """A data_dir under ``root`` holding every paper-scale dataset's stand-in, prepared: imagenet
+    (generated JPEGs), cifar10 (random uint8 images in its tensor format), ptb and wikitext2 (the
+    same generated corpus in each layout), bert_tokens."""
+    import torch
+
+    from commlab.bench.loader import generate_image_folder
+    from commlab.data.base import write_prepared
+    from commlab.data.image_folder import IMAGENET, prepare_folder
+    from commlab.data.text import PTB, WIKITEXT2, prepare_text
+    from commlab.data.tokens import BERT_TOKENS, prepare_tokens
+    from commlab.registry import DATASETS
+
+    out = root / "prepared"
+    prepare_folder(out / "imagenet", IMAGENET, str(generate_image_folder(root / "imagenet", sides=(40, 90))))
+    ptb = ptb_corpus(root / "ptb")
+    prepare_text(out / "ptb", PTB, str(ptb))
+    wiki = root / "wikitext2"
+    wiki.mkdir()
+    for split in ("train", "valid", "test"):
+        (wiki / f"wiki.{split}.tokens").write_text((ptb / f"ptb.{split}.txt").read_text())
+    prepare_text(out / "wikitext2", WIKITEXT2, str(wiki))
+    prepare_tokens(out / "bert_tokens", BERT_TOKENS, str(token_corpus(root / "tokens")))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=g)
+    write_prepared(out / "cifar10", DATASETS.get("cifar10"), (x, torch.arange(64) % 10),
+                   (x[:16], torch.arange(16) % 10), "generated", [str(i) for i in range(10)])
+    return out

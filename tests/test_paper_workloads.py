@@ -11,88 +11,18 @@ import math
 import pytest
 import torch
 
-from commlab.bench.loader import generate_image_folder
-from commlab.config import load_config
 from commlab.testing import run_distributed
-from standins import ptb_corpus, token_corpus
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """data_dir with the stand-ins prepared as their DVC stages prepare the real data."""
-    from commlab.data.base import write_prepared
-    from commlab.data.image_folder import IMAGENET, prepare_folder
-    from commlab.data.text import PTB, prepare_text
-    from commlab.data.tokens import BERT_TOKENS, prepare_tokens
-    from commlab.registry import DATASETS
-
-    root = tmp_path_factory.mktemp("standins")
-    out = root / "prepared"
-    prepare_folder(out / "imagenet", IMAGENET, str(generate_image_folder(root / "imagenet", sides=(40, 90))))
-    prepare_text(out / "ptb", PTB, str(ptb_corpus(root / "ptb")))
-    prepare_tokens(out / "bert_tokens", BERT_TOKENS, str(token_corpus(root / "tokens")))
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8, generator=g)
-    write_prepared(out / "cifar10", DATASETS.get("cifar10"), (x, torch.arange(64) % 10),
-                   (x[:16], torch.arange(16) % 10), "generated", [str(i) for i in range(10)])
-    return out
-
-
-def _config(prepared, tmp_path, name, dataset, model, batch, workers=2, **extra):
-    overrides = [f"{k}={v}" for k, v in extra.items()]
-    config = load_config(None, [f"dataset={dataset}", f"model={model}", f"data_dir={prepared}", f"workers={workers}",
-                                "backend=gloo", "seed=3", "tracking.enabled=false", f"output_dir={tmp_path / name}",
-                                f"golden={tmp_path / name}.json",
-                                f"train.batch_size={batch}", "train.lr=0.05", "train.epochs=1",
-                                "train.log_every=1", *overrides])
-    return config
-
-
-def _run(config, stop_at=None):
-    """One run through the loop's own pieces (as ``train`` runs them, in the rank's existing
-    process group); ``stop_at``: stop there as a SIGTERM would, checkpointing at the next log
-    point. Returns the final metrics, this rank's parameters and the loss curve."""
-    from commlab.core import init_runtime, seed_everything
-    from commlab.loop.loop import Run, steps
-    from commlab.loop.runstate import Preempted, StopSignal
-
-    rt = init_runtime("gloo")
-    seed_everything(config["seed"], rt.rank)
-    run, stop = Run(config, rt), StopSignal()
-    if stop_at is not None:
-        step = run.step
-
-        def stepping(batch):
-            step(batch)
-            stop.requested = run.p.step >= stop_at
-
-        run.step = stepping
-    try:
-        steps(run, stop)
-        run.finish()
-    except Preempted:
-        return run.p.step, run.p.pos
-    finally:
-        run.logger.close("FINISHED")
-    params = {k: v.detach().clone() for k, v in run.model.named_parameters()}
-    return {**run.p.final, "step": run.p.step}, params, run.p.golden
-
-
-def _runs(rank, world, configs):
-    return [_run(c) for c in configs]
-
-
-def _assert_replicas_equal(results):
-    for key, value in results[0][1].items():
-        assert torch.equal(results[1][1][key], value), key
-
+from looprun import replicas_equal as _assert_replicas_equal
+from looprun import run as _run
+from looprun import run_config
+from looprun import runs as _runs
 
 IMAGE_MODELS = [("resnet50", 64), ("alexnet", 64), ("googlenet", 32)]
 
 
 def test_imagenet_models_on_a_streamed_image_folder(prepared, tmp_path):
     """Each model in turn on the same two ranks (torchvision is imported once per rank)."""
-    configs = [_config(prepared, tmp_path, model, "imagenet", model, 2, **{
+    configs = [run_config(prepared, tmp_path, model, "imagenet", model, 2, **{
         "task.image_size": size, "loader.workers": 0, "train.max_steps": 2, "train.eval_batch_size": 4,
         "train.lr": 0.01, "train.momentum": 0.0}) for model, size in IMAGE_MODELS]
     per_rank = run_distributed(_runs, 2, args=(configs,), timeout_s=300)
@@ -121,7 +51,7 @@ def test_vgg16_imagenet_step():
 
 
 def test_cifar_tensors_augmented_on_the_device(prepared, tmp_path):
-    config = _config(prepared, tmp_path, "cifar", "cifar10", "resnet20", 8, **{"train.max_steps": 2})
+    config = run_config(prepared, tmp_path, "cifar", "cifar10", "resnet20", 8, **{"train.max_steps": 2})
     results = run_distributed(_runs, 2, args=([config],), timeout_s=120)
     results = [r[0] for r in results]
     _assert_replicas_equal(results)
@@ -137,9 +67,9 @@ def test_language_models_two_ranks_equal_one(prepared, tmp_path, dataset, model,
     over equally many tokens per rank), hidden state and masks included."""
     common = {"train.max_steps": 3, "train.momentum": 0.0, "train.eval_batch_size": 8, "train.test_subset": 64,
               **options}
-    two = [r[0] for r in run_distributed(_runs, 2, args=([_config(prepared, tmp_path, "two", dataset, model, 2,
+    two = [r[0] for r in run_distributed(_runs, 2, args=([run_config(prepared, tmp_path, "two", dataset, model, 2,
                                                                   **common)],), timeout_s=120)]
-    one = [r[0] for r in run_distributed(_runs, 1, args=([_config(prepared, tmp_path, "one", dataset, model, 4,
+    one = [r[0] for r in run_distributed(_runs, 1, args=([run_config(prepared, tmp_path, "one", dataset, model, 4,
                                                                   workers=1, **common)],), timeout_s=120)]
     _assert_replicas_equal(two)
     curve_two, curve_one = [p["train_loss"] for p in two[0][2]], [p["train_loss"] for p in one[0][2]]
@@ -152,7 +82,7 @@ def test_language_models_two_ranks_equal_one(prepared, tmp_path, dataset, model,
 
 
 def test_bert_on_generated_tokens(prepared, tmp_path):
-    config = _config(prepared, tmp_path, "synthetic", "synthetic_tokens", "bert", 2, **{
+    config = run_config(prepared, tmp_path, "synthetic", "synthetic_tokens", "bert", 2, **{
         "model_options": "{layers: 2, hidden: 32, heads: 2}", "task.seq_len": 16, "train.max_steps": 2,
         "train.test_subset": 8, "train.eval_batch_size": 4})
     results = [r[0] for r in run_distributed(_runs, 2, args=([config],), timeout_s=120)]
@@ -170,8 +100,8 @@ def test_streamed_loader_resumes_mid_epoch_exactly(prepared, tmp_path):
     """Stopped after step 3 of an epoch's 6 and resumed (two loader workers), the run ends with
     the parameters and loss curve of one never stopped that read the files in the rank itself."""
     extra = {"task.image_size": 32}
-    reference = _config(prepared, tmp_path, "ref", "imagenet", "cnn", 2, **extra, **{"loader.workers": 0})
-    config = _config(prepared, tmp_path, "resumed", "imagenet", "cnn", 2, **extra, **{"loader.workers": 2})
+    reference = run_config(prepared, tmp_path, "ref", "imagenet", "cnn", 2, **extra, **{"loader.workers": 0})
+    config = run_config(prepared, tmp_path, "resumed", "imagenet", "cnn", 2, **extra, **{"loader.workers": 2})
     results = run_distributed(_stop_and_resume, 2, args=(reference, config, 3), timeout_s=300)
     for rank, (ref, stopped, resumed) in enumerate(results):
         assert stopped == (3, 3)  # mid-epoch: 3 of 6 steps

@@ -168,7 +168,14 @@ def _scenarios(rank, world):
         algo = driven.run(STEPS - 5).finish().algo
         out[f"resume_{rule}"] = (straight, (flat(algo.global_model.parameters()), flat(algo.model.parameters())),
                                  in_flight)
+
+    # 6. A local learning rate on a schedule of its own (never refreshed after warm-up: k = 100).
+    driven = make("ssdsgd", {"warmup_steps": 2, "k": 100, "local_optimizer": "sgd", **LOCAL_SCHEDULE})
+    out["local_schedule"] = _each_step(driven, STEPS, lambda d: flat(d.model.parameters()))
     return out
+
+
+LOCAL_SCHEDULE = {"local_lr": 0.3, "local_milestones": [0.5, 0.75], "local_gamma": 0.2}  # epochs of STEPS steps
 
 
 @pytest.fixture(scope="module")
@@ -309,6 +316,24 @@ def test_checkpoint_with_collectives_in_flight_resumes_exactly(runs, rule):
         assert torch.equal(straight[1], resumed[1])
 
 
+def test_local_lr_on_its_own_schedule(runs):
+    """After warm-up each rank's local replica takes plain SGD steps with its own gradient at
+    local_lr x gamma^(milestones passed) with the run's weight decay, whatever the run's lr."""
+    for rank, r in enumerate(runs):
+        local = r["local_schedule"]
+        w = local[1].clone()  # after the 2 warm-up steps: the global replica
+        scratch = new_model()
+        for t in range(2, STEPS):
+            torch.nn.utils.vector_to_parameters(w, scratch.parameters())
+            scratch.zero_grad()
+            F.cross_entropy(scratch(batch(rank, t)[0]), batch(rank, t)[1]).backward()
+            g = flat(p.grad for p in scratch.parameters())
+            passed = sum(1 for m in LOCAL_SCHEDULE["local_milestones"] if t / STEPS >= m)
+            rate = LOCAL_SCHEDULE["local_lr"] * LOCAL_SCHEDULE["local_gamma"] ** passed
+            w = w - rate * (g + TRAIN["weight_decay"] * w)
+            assert torch.allclose(local[t], w, atol=1e-6, rtol=1e-5), (rank, t)
+
+
 # ---- single-process pieces ------------------------------------------------------------------------
 def test_local_rules_against_their_formulas():
     g, gg = torch.randn(50), torch.randn(50)
@@ -359,7 +384,9 @@ def test_the_declared_local_optimizer_is_scaled_sgd_with_the_local_momentum():
 
 @pytest.mark.parametrize("bad", [{"k": 0}, {"warmup_steps": -1}, {"local_optimizer": "adam"},
                                  {"local_lr_scale": -1.0}, {"glu_weight": 1.5}, {"local_momentum": 1.0},
-                                 {"dc_ms_decay": 1.0}, {"bucket_mb": 0}, {"glu_source": "weights"}])
+                                 {"dc_ms_decay": 1.0}, {"bucket_mb": 0}, {"glu_source": "weights"},
+                                 {"local_lr": -1.0}, {"local_milestones": [10]}, {"local_gamma": 0.0},
+                                 {"local_lr": 0.1, "local_momentum": 0.5}])
 def test_options_reject_bad_values(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         parse_options(ALGORITHMS.get("ssdsgd").Options, bad)

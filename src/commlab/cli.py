@@ -104,7 +104,8 @@ def _cmd_grid(args) -> int:
     selected = {k: v for k, v in configs.items() if not args.only or k[0] in args.only}
     if not args.run:
         for (name, seed), config in selected.items():
-            print(f"{name}\tseed={seed}\tmethod={config['method']}\tworkers={config['workers']}")
+            print(f"{name}\tseed={seed}\tmethod={config['method']}\tworkers={config['workers']}"
+                  f"\tnodes={config['nodes']}\tmodel={config['model']}\tdataset={config['dataset']}")
         return 0
     started = time.perf_counter()
     for (name, seed), config in selected.items():
@@ -179,7 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="List the runs of config/papers/PAPER.yaml at a scale; with --run, run "
                                    "them one after another through commlab launch (Snakemake does this in parallel).")
     p.add_argument("paper")
-    p.add_argument("--scale", default="laptop", help="laptop (default), smoke or paper")
+    p.add_argument("--scale", default="laptop", help="laptop (default), smoke, laptop_full, or a paper scale: "
+                                                      "paper, paper_32gpu, paper_imagenet, paper_imagenet_400, "
+                                                      "paper_text (README, Paper scale; the grid's file lists its own)")
     p.add_argument("--run", action="store_true", help="run the cells (default: only list them)")
     p.add_argument("--only", nargs="*", help="run names to keep")
     p.add_argument("--results", default="results", help="output root: runs go to RESULTS/SCALE/PAPER/...")

@@ -12,6 +12,7 @@ the CLI, grids, the launcher, benchmarks and the workflow.
 from __future__ import annotations
 
 import copy
+import functools
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,20 @@ class ConfigError(ValueError):
     """A config is invalid; the message names the key."""
 
 
-def run_schema() -> dict:
+@functools.cache
+def _parsed_run_schema() -> dict:
     text = resources.files("commlab").joinpath("schemas/run.schema.yaml").read_text()
     return yaml.safe_load(text)
+
+
+def run_schema() -> dict:
+    """The run config's JSON schema (a copy: parsed once per process, as a grid validates every run)."""
+    return copy.deepcopy(_parsed_run_schema())
+
+
+@functools.cache
+def _run_validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(_parsed_run_schema())
 
 
 def schema_defaults(schema: dict) -> dict[str, Any]:
@@ -98,7 +110,7 @@ def load_run(path: str | Path | None = None, overrides: list[str] | tuple = ()) 
 
 def validate_config(config: dict) -> Any:
     """Raise :class:`ConfigError` naming the first bad key or value; return the method's Options."""
-    validator = jsonschema.Draft202012Validator(run_schema())
+    validator = _run_validator()
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     if errors:
         err = errors[0]

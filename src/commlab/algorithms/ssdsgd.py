@@ -31,6 +31,12 @@ as long as the k collectives of a period fit in k steps of compute. OD-SGD with 
 learning rate is thus exactly SSGD with a one-step-delayed gradient:
 ``w^g_{t+1} = opt(w^g_t, avg_i grad_i(w^g_{t-1}))``.
 
+The local learning rate follows the run's schedule (``local_lr_scale`` times it) unless
+``local_lr`` is given: the released scripts' ``--lr-local`` on steps of its own
+(``--lr-step-epochs-local``: ``local_milestones``, times ``local_gamma`` at each), which the method
+applies by scaling the local direction (weight decay included) to that rate, so it needs
+``local_momentum: 0``, as the releases run.
+
 The first ``warmup_steps`` steps are plain SSGD (blocking allreduce, same buckets and arithmetic
 as ``ssgd``); both replicas are then equal. BatchNorm running statistics are local: the global
 replica is evaluated with this rank's buffers (rank 0's in the loop's evaluation), as ``ssgd``.
@@ -52,7 +58,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -83,6 +89,11 @@ class DelayedOptions:
     glu_weight: float = 0.5  # glu: weight of the latest global gradient in the local direction
     glu_source: str = "gradient"  # glu: gradient (latest average) | update (latest global step / its lr)
     bucket_mb: float = 25.0  # allreduce bucket size in MB (as ssgd, so warm-up equals ssgd)
+    # A local learning rate on a step schedule of its own (the released scripts' --lr-local and
+    # --lr-step-epochs-local) instead of local_lr_scale x the run's scheduled one; needs local_momentum 0.
+    local_lr: float | None = None
+    local_milestones: list = field(default_factory=list)  # with local_lr: epochs where it is x local_gamma
+    local_gamma: float = 0.1
 
     def validate(self) -> None:
         if self.warmup_steps < 0:
@@ -104,6 +115,18 @@ class DelayedOptions:
             raise ValueError(f"glu_source must be one of {GLU_SOURCES}, got {self.glu_source!r}")
         if self.bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb}")
+        if self.local_lr is not None:
+            if not (self.local_lr > 0 and math.isfinite(self.local_lr)):
+                raise ValueError(f"local_lr must be a finite number > 0, got {self.local_lr}")
+            if self.local_momentum:
+                raise ValueError(f"local_lr needs local_momentum 0 (a schedule of its own is applied to the "
+                                 f"local direction), got local_momentum {self.local_momentum}")
+        elif self.local_milestones:
+            raise ValueError("local_milestones needs local_lr (without it the local lr follows the run's schedule)")
+        if not all(isinstance(m, (int, float)) and m >= 0 for m in self.local_milestones):
+            raise ValueError(f"local_milestones must be epochs >= 0, got {self.local_milestones}")
+        if not self.local_gamma > 0:
+            raise ValueError(f"local_gamma must be > 0, got {self.local_gamma}")
 
 
 @dataclass
@@ -132,7 +155,11 @@ class DelayedGlobalSGD(Algorithm):
     @classmethod
     def loop_optimizer(cls, options: DelayedOptions, run: OptimizerSettings) -> OptimizerSettings:
         """The local optimizer: SGD at ``local_lr_scale`` times the run's (scheduled) learning rate,
-        with ``local_momentum`` and the run's weight decay."""
+        with ``local_momentum`` and the run's weight decay. With ``local_lr`` the method scales the
+        direction to the local schedule's rate itself and adds the weight decay there (SGD at the
+        run's rate, no weight decay)."""
+        if options.local_lr is not None:
+            return dataclasses.replace(run, name="sgd", lr_scale=1.0, momentum=0.0, nesterov=False, weight_decay=0.0)
         return dataclasses.replace(run, name="sgd", lr_scale=options.local_lr_scale,
                                    momentum=options.local_momentum, nesterov=False)
 
@@ -181,6 +208,8 @@ class DelayedGlobalSGD(Algorithm):
             if (t - self.options.warmup_steps + 1) % self.period == 0:
                 shift = self._refresh(t)
             direction = self.rule.direction(own, shift, self.global_grad)
+            if self.options.local_lr is not None:
+                direction = self._on_local_schedule(direction, info)
             for p in self.params:
                 if p.grad is None:  # a parameter unused in this forward still gets its direction
                     p.grad = torch.zeros_like(p)
@@ -206,6 +235,18 @@ class DelayedGlobalSGD(Algorithm):
             "in_flight": float(len(self.in_flight)),
             "global_version": float(self.version),
         }
+
+    def _on_local_schedule(self, direction: torch.Tensor, info: StepInfo) -> torch.Tensor:
+        """The direction the loop's SGD (at the run's rate ``info.lr``, no weight decay) turns into
+        a step of ``local_lr`` on its own schedule with the run's weight decay:
+        ``(local_lr(t) / lr(t)) * (d + weight_decay * w)``. A step whose run rate is 0 stays put."""
+        epoch = info.step / self.ctx.steps_per_epoch
+        rate = self.options.local_lr * self.options.local_gamma ** sum(1 for m in self.options.local_milestones
+                                                                         if epoch >= m)
+        decay = self.ctx.run_optimizer.weight_decay
+        if decay:
+            direction = direction + decay * flatten([p.detach() for p in self.params])
+        return direction * (rate / info.lr) if info.lr > 0 else torch.zeros_like(direction)
 
     # ---- the steps ----------------------------------------------------------------------------
     def _synchronous_step(self, grads: list[torch.Tensor], lr: float) -> None:

@@ -56,6 +56,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -316,3 +317,34 @@ class Communicator:
         dist.barrier(group=self.group)
         rounds = math.ceil(math.log2(self.size)) if self.size > 1 else 0
         self._record(span, "barrier", 0, 0, 0, rounds)
+
+    # ------------------------------------------------------------------ a group of its own; any source
+    def separate(self, stats: CommStats | None = None, timeout_s: float | None = None) -> Communicator:
+        """A Communicator over the same ranks on a new gloo process group of its own, recording
+        into ``stats`` (default: this one's). Every rank of the world calls it (creating a group is
+        collective).
+
+        For traffic that runs beside this Communicator's, from another thread (ASGD's parameter
+        server: a group's operations must be issued in one order on every rank, so a thread needs
+        a group of its own), and for :meth:`recv_any`, which NCCL does not offer (gloo moves CUDA
+        tensors through host buffers). ``timeout_s`` bounds its waits (default: the world's)."""
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        group = dist.new_group(self._global_ranks, timeout=timeout, backend="gloo")
+        # a clock of its own: another thread's intervals must not mix with this one's pending ones
+        return Communicator(group, scope=self.scope, stats=stats if stats is not None else self.stats,
+                            clock=DeviceClock())
+
+    def recv_any(self, tensor: torch.Tensor) -> int:
+        """Receive into ``tensor`` from whichever rank sends first; return that rank (in this
+        group). gloo only (a group from :meth:`separate`); recorded like :meth:`recv`."""
+        if dist.get_backend(self.group) != "gloo":
+            raise RuntimeError("recv_any needs a gloo group (NCCL has no receive from any source): "
+                               "use Communicator.separate()")
+        span = self._start(tensor)
+        # host-side: gloo receives point to point into host memory
+        staged = torch.empty(tensor.shape, dtype=tensor.dtype) if tensor.is_cuda else tensor
+        source = dist.recv(staged, src=None, group=self.group)
+        if staged is not tensor:
+            tensor.copy_(staged)
+        self._record(span, "recv", 0, tensor.numel(), tensor.element_size())
+        return self._global_ranks.index(source)

@@ -56,6 +56,7 @@ from commlab.loop.method import build_method, take_step
 from commlab.loop.metrics import NonFiniteLoss, control, step_metrics
 from commlab.loop.optim import lr_at
 from commlab.loop.outputs import write_outputs
+from commlab.loop.precision import autocast, configure_tf32
 from commlab.loop.runstate import (
     EXIT_PREEMPTED,
     Preempted,
@@ -85,6 +86,7 @@ def train(config: dict, sentinel=None, options=None) -> dict:
     try:
         torch.set_num_threads(config["threads"])
         seed_everything(config["seed"], rt.rank)
+        configure_tf32(config["train"])
         run = Run(config, rt, options)
         status = "FAILED"
         try:
@@ -235,8 +237,10 @@ class Run:
             time.sleep(self.step_delay_s)
 
     def _backward(self, batch) -> torch.Tensor:
-        """The task's loss of ``batch`` through the method's forward model, backpropagated."""
-        loss = self.data.loss(self.algo.forward_model, batch)
+        """The task's loss of ``batch`` through the method's forward model (in ``train.precision``:
+        :mod:`.precision`), backpropagated."""
+        with autocast(self.tcfg, self.rt.device):
+            loss = self.data.loss(self.algo.forward_model, batch)
         loss.backward()
         return loss
 

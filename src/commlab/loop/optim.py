@@ -16,7 +16,7 @@ import torch
 from commlab.algorithms.context import OptimizerSettings
 
 OPTIMIZERS = ("sgd", "adam")
-SCHEDULES = ("constant", "step", "cosine")
+SCHEDULES = ("constant", "step", "cosine", "poly")
 
 
 def optimizer_settings(train: dict) -> OptimizerSettings:
@@ -86,11 +86,15 @@ class ScaledSGD(torch.optim.SGD):
 
 
 def lr_at(step: int, steps_per_epoch: int, total_steps: int, train: dict) -> float:
-    """Learning rate for optimizer step ``step`` (0-based): linear warm-up, then the schedule."""
+    """Learning rate for optimizer step ``step`` (0-based): linear warm-up (``warmup_epochs``, from
+    ``warmup_start`` x lr when given), then the schedule (constant, step, cosine or poly)."""
     base = float(train["lr"])
     warmup = int(round(float(train.get("warmup_epochs", 0)) * steps_per_epoch))
     if step < warmup:
-        return base * (step + 1) / warmup
+        start = train.get("warmup_start")
+        if start is None:  # Goyal et al.: lr x (step + 1) / warm-up steps
+            return base * (step + 1) / warmup
+        return base * (start + (1 - start) * step / warmup)  # from start x lr (Ok-Topk's release: lr / P)
     schedule = train.get("lr_schedule") or {"kind": "constant"}
     kind = schedule.get("kind", "constant")
     if kind == "constant":
@@ -99,9 +103,11 @@ def lr_at(step: int, steps_per_epoch: int, total_steps: int, train: dict) -> flo
         epoch = step / steps_per_epoch
         drops = sum(1 for m in schedule.get("milestones", []) if epoch >= m)
         return base * float(schedule.get("gamma", 0.1)) ** drops
-    if kind == "cosine":
-        t = (step - warmup) / max(1, total_steps - warmup)
-        return base * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+    if kind in ("cosine", "poly"):
+        t = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if kind == "poly":  # MXNet's PolyScheduler (SSD-SGD's "pow-2"): lr (1 - t)^power
+            return base * (1 - t) ** float(schedule.get("power", 2))
+        return base * 0.5 * (1 + math.cos(math.pi * t))
     raise ValueError(f"train.lr_schedule.kind must be one of {SCHEDULES}, got {kind!r}")
 
 

@@ -79,10 +79,12 @@ def vgg16(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> 
 
 
 @MODELS.register("vgg16_fc")
-def vgg16_fc(in_channels: int = 3, num_classes: int = 10, image_size: int = 32) -> nn.Module:
-    """VGG-16 with the original fully connected classifier (two 4096-wide hidden layers, dropout),
-    as in RedSync's released VGG-16: 34M parameters, with a 4096x4096 layer (16.8M elements) above
-    RedSync's 4M threshold for its binary-search selector, and a 2.1M one for its trimmed top-k."""
+def vgg16_fc(in_channels: int = 3, num_classes: int = 10, image_size: int = 32, fc_width: int = 4096) -> nn.Module:
+    """VGG-16 with the original VGG's fully connected classifier (two ``fc_width``-wide hidden
+    layers, 4096 as in the ImageNet VGG-16 of RedSync's release; its CIFAR VGG-16 is ``vgg16``),
+    dropout: 34M parameters, with a 4096x4096 layer (16.8M elements) above RedSync's 4M threshold
+    for its binary-search selector, and a 2.1M one for its trimmed top-k. A smaller ``fc_width``
+    is for tests."""
     layers, side = _vgg16_features(in_channels, image_size)
-    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * side * side, 4096), nn.ReLU(), nn.Dropout(),
-                         nn.Linear(4096, 4096), nn.ReLU(), nn.Dropout(), nn.Linear(4096, num_classes))
+    return nn.Sequential(*layers, nn.Flatten(), nn.Linear(512 * side * side, fc_width), nn.ReLU(), nn.Dropout(),
+                         nn.Linear(fc_width, fc_width), nn.ReLU(), nn.Dropout(), nn.Linear(fc_width, num_classes))

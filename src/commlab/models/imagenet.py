@@ -5,7 +5,9 @@ with its 25088x4096 fc6 of 102.8M elements), AlexNet (Krizhevsky et al. 2012) an
 (Szegedy et al. 2015, without the auxiliary classifiers, as MXNet's GoogLeNet that SSD-SGD runs).
 
 ``vgg16`` names the CIFAR VGG-16 of the CIFAR grids (:mod:`commlab.models.cifar`); the ImageNet
-one is ``vgg16_imagenet``. Other input channels replace the first convolution.
+one is ``vgg16_imagenet``. Other input channels replace the first convolution. AlexNet's and
+VGG-16's option ``fc_width`` narrows the two 4096-wide hidden layers of their classifier (for
+tests: the layers keep their kind and initialisation, the convolutions are untouched).
 """
 
 from __future__ import annotations
@@ -34,16 +36,34 @@ def _first_conv(model: nn.Module, in_channels: int) -> None:
             return
 
 
+def _narrow_classifier(classifier: nn.Sequential, width: int, init_normal: bool) -> None:
+    """Replace the hidden widths of a classifier's Linear layers by ``width`` (input of the first
+    and output of the last kept); VGG's initialisation (normal, std 0.01, zero bias) when asked."""
+    linear = [i for i, m in enumerate(classifier) if isinstance(m, nn.Linear)]
+    for i in linear:
+        old = classifier[i]
+        new = nn.Linear(old.in_features if i == linear[0] else width,
+                        old.out_features if i == linear[-1] else width)
+        if init_normal:
+            nn.init.normal_(new.weight, 0, 0.01)
+            nn.init.constant_(new.bias, 0)
+        classifier[i] = new
+
+
 def torchvision_model(name: str):
     """A factory of torchvision's ``name`` for ``num_classes`` classes."""
     tv_name, extra = TORCHVISION[name]
 
-    def build(in_channels: int = 3, num_classes: int = 1000, image_size: int = 224) -> nn.Module:
+    def build(in_channels: int = 3, num_classes: int = 1000, image_size: int = 224, fc_width: int = 4096) -> nn.Module:
         from torchvision.models import get_model
 
         model = get_model(tv_name, weights=None, num_classes=num_classes, **extra)
         if in_channels != 3:
             _first_conv(model, in_channels)
+        if fc_width != 4096:
+            if tv_name not in ("alexnet", "vgg16"):
+                raise ValueError(f"fc_width applies to alexnet and vgg16_imagenet, not {name}")
+            _narrow_classifier(model.classifier, fc_width, init_normal=tv_name == "vgg16")
         return model
 
     build.__doc__ = f"torchvision's {tv_name} (randomly initialised)."
