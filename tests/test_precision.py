@@ -78,17 +78,6 @@ def test_bf16_autocast_keeps_everything_a_method_holds_in_fp32(results, method, 
     _check(method, *results[(method, model)])
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_bf16_autocast_on_cuda(tmp_path):
-    """The same on two gloo ranks sharing the GPU, for the methods with state of their own."""
-    methods = ["ssgd", "redsync", "powersgd", "ssdsgd", "asgd"]
-    configs = [_config(tmp_path, m, p, device="cuda") for m in methods for p in ("fp32", "bf16")]
-    per_rank = run_distributed(_watched, 2, args=(configs,), timeout_s=300, device="cuda")
-    for i, method in enumerate(methods):
-        _check(method, per_rank[0][2 * i], per_rank[0][2 * i + 1])
-
-
 def _check(method: str, fp32, bf16) -> None:
     curve32, curve16 = [p["train_loss"] for p in fp32[2]], [p["train_loss"] for p in bf16[2]]
     assert len(curve16) == 6 and all(math.isfinite(v) for v in curve16)
