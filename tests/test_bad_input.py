@@ -1,5 +1,5 @@
 """Bad input fails early with one clear message naming what is wrong, and loses nothing already
-recorded (spec 9 part 4, spec 2 "bad configs and a missing dataset fail with clear messages").
+recorded (docs/cluster.md, section 4: bad configs and a missing dataset fail with clear messages).
 
 Config errors are caught by `commlab train` / `commlab launch` before any worker starts (exit 2).
 Errors only a worker can see (more workers than samples, data missing or corrupted, a

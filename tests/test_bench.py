@@ -146,7 +146,25 @@ def test_wire_table_explains_each_gap_by_name():
     assert "UNEXPLAINED" not in gtopk["note"] and gtopk["algorithms"] == "point-to-point 75%, binomial tree 25%"
     assert "metrics allreduce" in gtopk["note"]  # a sparse method: its metrics allreduce is named too
     assert rows["qsgd"]["payload_over_accounted"] == pytest.approx(2.0) and "UNEXPLAINED" in rows["qsgd"]["note"]
-    assert rows["kstep"]["note"].startswith("not measured")
+    assert rows["kstep"]["note"].startswith("not measured") and ssgd["workers"] == 2
+    why = table(sources, ["kstep"], {"kstep": "not measured: emulated links unavailable (not root)"})
+    assert why == [{"method": "kstep", "note": "not measured: emulated links unavailable (not root)"}]
+
+
+def test_wire_without_emulated_links_still_writes_the_table(tmp_path, monkeypatch):
+    """--run-missing where no link can be emulated: the files' methods are tabled, the others say
+    why they are not measured, and nothing fails."""
+    import commlab.bench.wire as wire
+
+    monkeypatch.setattr(wire, "emulation_unavailable", lambda: "not root")
+    source = tmp_path / "throughput.json"
+    source.write_text(json.dumps({"model": "mlp", "runs": [_wire_run("ssgd", 1e6, 1.01e6, 8)]}))
+    out = tmp_path / "wire.json"
+    assert BENCHMARKS.get("wire")(["--from", str(source), "--run-missing", "--methods", "ssgd", "kstep"],
+                                  str(out)) == 0
+    rows = {r["method"]: r for r in _read(out)["rows"]}
+    assert rows["ssgd"]["within_tolerance"] and rows["ssgd"]["model"] == "mlp"
+    assert rows["kstep"]["note"] == "not measured: emulated links unavailable (not root)"
 
 
 @pytest.mark.netem

@@ -1,4 +1,4 @@
-"""Parallel jobs against one MLflow store and one machine (spec 9 part 5).
+"""Parallel jobs against one MLflow store and one machine (docs/cluster.md, section 5).
 
 * A grid of 8 runs driven by `snakemake --cores 2` (a scratch copy of the workflow with a tiny
   grid on generated data): every run ends FINISHED in MLflow with its complete metric history,

@@ -1,4 +1,4 @@
-"""A worker that dies mid-run (spec 9 part 3): one of 4 ranks is SIGKILLed after epoch 1.
+"""A worker that dies mid-run (docs/cluster.md, section 3): one of 4 ranks is SIGKILLed after epoch 1.
 
 The job must fail by itself (torchrun's exit code 1, not a hang the test has to kill) within
 the collective timeout plus torchrun's shutdown grace, its output must name the dead rank, and

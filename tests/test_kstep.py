@@ -1,4 +1,4 @@
-"""K-step averaging and hierarchical reductions (PAPERS.md section 1) against references:
+"""K-step averaging and hierarchical reductions (Cong et al., ICPP'19 Workshops) against references:
 torch's PeriodicModelAverager / HierarchicalModelAverager on the same seed and data, a closed-form
 reduction-momentum trajectory on a toy quadratic, exact reduction counts, and the state policies."""
 

@@ -129,6 +129,20 @@ def test_every_paper_declares_its_claims_and_they_evaluate_without_runs(notebook
     assert all(r.claim and r.paper and r.ours for r in rows)
 
 
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_benchmark_a_paper_reads_is_declared(notebook):
+    """The workflow builds a report after the benchmark results its claims module declares
+    (``BENCH``): every ``ev.bench("name")`` of the module is among them (an f-string's fixed prefix
+    among their beginnings), and every declared one is read."""
+    module = declarations(notebook.stem)
+    declared = list(getattr(module, "BENCH", []))
+    read = re.findall(r'\.bench\((f?)"([^"{]+)', Path(module.__file__).read_text())
+    for fstring, name in read:
+        assert any(d == name or (fstring and d.startswith(name)) for d in declared), (name, declared)
+    for d in declared:
+        assert any(d == name or (fstring and d.startswith(name)) for fstring, name in read), (d, read)
+
+
 def test_an_unknown_paper_is_named():
     with pytest.raises(ValueError, match="paper 'nosuch' declares no claims"):
         declarations("nosuch")

@@ -1,6 +1,6 @@
 """Preemption and resume: a 2-worker job SIGKILLed after epoch 1, re-launched, SIGTERMed mid-epoch 3
 and re-launched again ends with the parameters, MLflow metrics and sentinel of an uninterrupted
-run, logged to one MLflow run with every step recorded once (spec 9 part 2, spec 2 "Must show").
+run, logged to one MLflow run with every step recorded once (docs/cluster.md, section 3; README, "Reproducibility").
 
 Runs ssgd and one method with algorithm state (residuals, thresholds, periods), the first of the
 stateful methods that is registered. Each job is a real `commlab launch` (torchrun, gloo) in its

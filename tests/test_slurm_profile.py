@@ -1,4 +1,4 @@
-"""The SLURM profile, exercised without SLURM (spec 9 part 1): fake `sbatch`, `srun`, `sacct`,
+"""The SLURM profile, exercised without SLURM (docs/cluster.md, sections 1-2): fake `sbatch`, `srun`, `sacct`,
 `squeue`, `scontrol`, `sinfo`, `sacctmgr`, `sshare` and `scancel` on PATH record every call.
 
 One training run of a 2-node NCCL grid goes through the whole chain: Snakemake with

@@ -111,6 +111,29 @@ def test_benchmarks_come_from_the_config(project, tmp_path):
     planned = _planned(project, "bench", "--configfile", str(tmp_path / "bench.yaml"))
     outputs = set(re.findall(r"output: (reports/bench/\S+)\.json", planned))
     assert outputs == {"reports/bench/collectives", "reports/bench/selection", "reports/bench/throughput_wide_mlp"}
+    # the wire table reads the throughput benchmark's files and runs the methods they lack
+    config["bench"].update(suite=["wire"], args={"wire": "--max-steps 3"})
+    (tmp_path / "bench.yaml").write_text(yaml.safe_dump(config))
+    planned = _planned(project, "-p", "bench", "--configfile", str(tmp_path / "bench.yaml"))
+    outputs = set(re.findall(r"output: (reports/bench/\S+)\.json", planned))
+    assert outputs == {"reports/bench/wire", "reports/bench/throughput", "reports/bench/throughput_wide_mlp"}
+    assert ("wire --from reports/bench/throughput.json reports/bench/throughput_wide_mlp.json --run-missing "
+            "--max-steps 3") in planned
+
+
+def test_reports_wait_for_the_benchmarks_their_claims_declare(project):
+    """A report depends on the benchmark results its claims module declares (``BENCH``), where this
+    machine can measure them (emulated links), and on none where it cannot."""
+    from commlab.bench.common import emulation_unavailable
+    from commlab.report.claims import declarations
+
+    planned = _planned(project, "report_oktopk", "report_redsync")
+    for paper in ("oktopk", "redsync"):
+        declared = declarations(paper).BENCH
+        assert "wire" in declared
+        block = re.search(rf"input: ([^\n]*workflow/notebooks/{paper}\.py[^\n]*)", planned)[1]
+        waits = set(re.findall(r"reports/bench/(\w+)\.json", block))
+        assert waits == (set() if emulation_unavailable() else set(declared)), (paper, waits)
 
 
 def test_run_config_script_writes_the_grid_entry(project):

@@ -37,6 +37,7 @@ from commlab.report.claims_oktopk import (
     wide_table,
 )
 from commlab.report.figures import curves
+from commlab.report.metrics import TASK_METRICS, run_metric
 from commlab.report.notebook import open_report, show, show_claims
 
 rep = open_report(paper, out_dir, tracking_uri, scale, METRICS)
@@ -51,21 +52,25 @@ acc_runs = rep.table(accuracy_runs)
 
 # %%
 if not acc_runs.empty:
-    acc_wide = wide[wide.run_id.isin(acc_runs.run_id)].copy()
-    acc_wide["bytes_sent"] = acc_wide.groupby("run_id")["bytes_sent"].ffill()
-    evals = acc_wide.dropna(subset=["test_accuracy"]) if "test_accuracy" in acc_wide else acc_wide
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
-    curves(evals, "bytes_sent", "test_accuracy", ax=axes[0], logx=True,
-           title="test accuracy against bytes sent per rank (each evaluation)")
-    curves(acc_wide, "samples", "train_loss", ax=axes[1], title="training loss against samples")
+    # One row of panels per task metric (test accuracy; BERT's masked-token accuracy).
+    tasks = acc_runs.assign(metric=run_metric(acc_runs)).groupby("metric", sort=False)
+    fig, axes = plt.subplots(len(tasks), 2, figsize=(12, 4 * len(tasks)), squeeze=False)
+    for (metric, task_runs), row in zip(tasks, axes, strict=True):
+        acc_wide = wide[wide.run_id.isin(task_runs.run_id)].copy()
+        acc_wide["bytes_sent"] = acc_wide.groupby("run_id")["bytes_sent"].ffill()
+        evals = acc_wide.dropna(subset=[metric]) if metric in acc_wide else acc_wide
+        curves(evals, "bytes_sent", metric, ax=row[0], logx=True,
+               title=f"{TASK_METRICS[metric].measured} against bytes sent per rank (each evaluation)")
+        curves(acc_wide, "samples", "train_loss", ax=row[1], title="training loss against samples")
     fig.tight_layout()
     show(rep, fig, "accuracy_vs_bytes")
-    summary = acc_runs.groupby("name").agg(
-        method=("method", "first"), workers=("workers", "first"), seeds=("seed", "nunique"),
-        test_accuracy=("test_accuracy", "mean"), acc_sd=("test_accuracy", "std"),
-        MB_sent=("bytes_sent", lambda b: b.mean() / 1e6), selection_s=("selection_seconds", "mean"),
-        wall_s=("wall_seconds", "mean")).sort_values("MB_sent")
-    display(summary.round(4))
+    for metric, task_runs in tasks:
+        summary = task_runs.groupby("name").agg(
+            method=("method", "first"), workers=("workers", "first"), seeds=("seed", "nunique"),
+            **{metric: (metric, "mean")}, acc_sd=(metric, "std"),
+            MB_sent=("bytes_sent", lambda b: b.mean() / 1e6), selection_s=("selection_seconds", "mean"),
+            wall_s=("wall_seconds", "mean")).sort_values("MB_sent")
+        display(summary.round(4))
 
 
 # %% [markdown]

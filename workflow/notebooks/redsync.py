@@ -8,11 +8,13 @@ scale = None
 # %%
 # ruff: noqa: E402 - a notebook imports after its parameters cell
 import matplotlib.pyplot as plt
+import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
 from commlab.report.claims_redsync import METRICS, bench_table, describe, model_names, selection_table
 from commlab.report.figures import curves
+from commlab.report.metrics import task_metric
 from commlab.report.notebook import nothing, open_report, show, show_claims
 from commlab.report.tables import at_evaluations
 
@@ -26,21 +28,26 @@ sel, bench = rep.table(selection_table), rep.table(bench_table)
 # %% [markdown]
 # ## Accuracy against bytes sent
 # Test accuracy at each evaluation against the bytes this rank had sent by then (log scale), per
-# model; mean and one s.d. over seeds.
+# model; mean and one s.d. over seeds. A language model's panel shows its test perplexity instead
+# (lower is better).
 
 
 # %%
 if history.empty:
     nothing("No runs: no figure.")
 else:
-    evals = at_evaluations(history, ("bytes_sent",), info=info, columns=("model",))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    parts, metrics = [], []
     for ax, model in zip(axes[0], models, strict=True):
-        part = evals[(evals.model == model) & (evals.bytes_sent > 0)]
-        curves(part, "bytes_sent", "test_accuracy", ax=ax, logx=True, title=model)
+        metric = task_metric(info[info.model == model]).name
+        evals = at_evaluations(history, ("bytes_sent",), metric=metric, info=info, columns=("model",))
+        part = evals[evals.model == model]
+        curves(part[part.bytes_sent > 0], "bytes_sent", metric, ax=ax, logx=True, title=model)
+        parts.append(part)
+        metrics += [metric] if metric not in metrics else []
     fig.tight_layout()
     show(rep, fig, "accuracy_vs_bytes")
-    display(evals[["name", "model", "seed", "step", "bytes_sent", "test_accuracy"]]
+    display(pd.concat(parts)[["name", "model", "seed", "step", "bytes_sent", *metrics]]
             .sort_values(["model", "name", "seed", "step"]).reset_index(drop=True))
 
 
@@ -93,7 +100,7 @@ else:
 
 
 # %%
-FINAL = ["name", "method", "model", "seed", "test_accuracy", "steps", "bytes_per_step", "algo_sent_fraction",
+FINAL = ["name", "method", "model", "seed", "test_accuracy", "test_perplexity", "steps", "bytes_per_step", "algo_sent_fraction",
          "algo_selected_fraction", "algo_selected_over_k", "selection_seconds", "wall_seconds"]
 if info.empty:
     nothing("No finished runs yet: every claim above is `not measured`.")

@@ -3,8 +3,9 @@
 # the throughput benchmark once more per model of `bench: models`. Each job takes all cores so
 # that timings are not disturbed by other jobs of the workflow. Arguments per benchmark come from
 # the workflow config (`bench: {args: {NAME: "..."}}`): config/config.yaml sizes them for the
-# default run, which measures the benchmarks that the papers' speed claims read before building
-# those papers' reports (`bench: {speed_claims: auto}`: where root and iproute2 allow emulated links).
+# default run, which measures the benchmarks that the papers' speed and volume claims read before
+# building those papers' reports (`bench: {speed_claims: auto}`: where root and iproute2 allow
+# emulated links; each claims module declares what it reads as `BENCH`).
 
 
 rule bench:
@@ -79,3 +80,27 @@ rule bench_throughput_model:
     shell:
         "python -m commlab bench --json {output.json} throughput --model {wildcards.model} "
         "{params.extra} > {log} 2>&1"
+
+
+rule bench_wire:
+    """Accounted bytes beside the bytes on the emulated links, for every method: the
+    throughput benchmark's emulated runs, and a short run of each method they lack
+    (docs/network.md, section 6)."""
+    input:
+        throughput="reports/bench/throughput.json",
+        models=expand("reports/bench/throughput_{model}.json", model=BENCH_MODELS),
+        data=data_markers(),
+    output:
+        json="reports/bench/wire.json",
+        md="reports/bench/wire.md",
+    log:
+        "logs/bench/wire.log",
+    priority: bench_priority("wire")
+    conda:
+        "../envs/commlab.yaml"
+    threads: lambda wildcards: local_cores(default=1)
+    params:
+        extra=BENCH_ARGS.get("wire", "--max-steps 4 --log-every 2"),
+    shell:
+        "python -m commlab bench --json {output.json} wire --from {input.throughput} {input.models} "
+        "--run-missing {params.extra} > {log} 2>&1"

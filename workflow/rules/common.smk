@@ -7,8 +7,8 @@ run config). A bad key or value stops Snakemake here with a message naming it.
 
 Adding a paper means: config/papers/<paper>.yaml, its claims declared in
 src/commlab/report/claims_<paper>.py, its figures in workflow/notebooks/<paper>.py, and its name in
-config.yaml's `papers`. Nothing in the rules names a paper but the benchmarks its speed claims read
-(SPEED_BENCH below).
+config.yaml's `papers`. Nothing in the rules names a paper: the benchmark results a report reads
+are the `BENCH` its claims module declares (SPEED_BENCH below).
 """
 
 import json
@@ -36,6 +36,7 @@ try:
     )
     from commlab.grid import resolve_grid
     from commlab.registry import DATASETS
+    from commlab.report.claims import declarations
 except ModuleNotFoundError as err:
     raise WorkflowError(
         f"{err}: run Snakemake in the project's environment "
@@ -260,27 +261,35 @@ BENCH_SUITE = config["bench"]["suite"]  # `snakemake bench`: reports/bench/<name
 # benchmark once more per model, a compute-heavy and a communication-heavy one.
 BENCH_MODELS = config["bench"]["models"]
 BENCH_ARGS = config["bench"].get("args", {})
-# The benchmarks each paper's report reads for its speed claims (the evidence.bench() calls of
-# commlab.report.claims_<paper>).
-SPEED_BENCH = {
-    "adpsgd": ["throughput"],
-    "oktopk": ["throughput", "scaling", "selection"],
-    "redsync": ["selection", "throughput_resnet20", "throughput_wide_mlp"],
-    "ssdsgd": ["throughput"],
-}
-# What bench_measure builds: the suite's benchmarks and those the speed claims read, but the cost
-# model (bench_scaling) and the throughput per model (bench_throughput_model).
+
+
+def declared_bench(paper: str) -> list:
+    """The benchmark results a paper's claims read: the `BENCH` of commlab.report.claims_<paper>
+    (its ev.bench() calls), none when it declares none."""
+    try:
+        return list(getattr(declarations(paper), "BENCH", []))
+    except ValueError as err:
+        raise WorkflowError(f"config key papers: {err}") from None
+
+
+# The benchmarks each paper's report reads for its speed and volume claims.
+SPEED_BENCH = {paper: declared_bench(paper) for paper in config["papers"]}
+# Benchmarks built from others' results, each by its own job in bench.smk: the cost model from
+# the throughput benchmark's profiles (bench_scaling) and the wire table from its emulated runs
+# (bench_wire); and the throughput per model (bench_throughput_model).
+DERIVED_BENCH = {"scaling", "wire"}
+# What bench_measure builds: the suite's benchmarks and those the claims read, but the derived ones.
 MEASURED_BENCH = sorted(
     n
     for n in {*BENCH_SUITE, *sum(SPEED_BENCH.values(), [])}
-    if n != "scaling" and not n.startswith("throughput_")
+    if n not in DERIVED_BENCH and not n.startswith("throughput_")
 )
 
 
 def _measure_speed() -> bool:
     """Whether this run measures the speed claims' benchmarks (config bench.speed_claims)."""
     setting = config["bench"]["speed_claims"]
-    if setting is False or not any(p in SPEED_BENCH for p in config["papers"]):
+    if setting is False or not any(SPEED_BENCH.get(p) for p in config["papers"]):
         return False
     from commlab.bench.common import emulation_unavailable
 

@@ -1,6 +1,6 @@
 """Periodic parameter averaging with a constant (CPSGD) or adaptive (ADPSGD) period.
 
-Implements PAPERS.md section 2 (Jiang & Agrawal, "Adaptive Periodic Averaging", arXiv
+Implements ADPSGD (Jiang & Agrawal, "Adaptive Periodic Averaging", arXiv
 2007.06134). No code was released; the period rule below is our reconstruction of the paper's
 principle: the inter-node variance of the parameters governs convergence, so under a fixed
 communication budget one synchronises often early (large variance) and rarely later.

@@ -1,4 +1,4 @@
-"""Model-averaging pieces shared by the periodic-averaging methods (PAPERS.md section 1).
+"""Model-averaging pieces shared by the periodic-averaging methods (Cong et al., ICPP'19 Workshops).
 
 Cong, Yang and Zhou (ICPP'19 workshops) reduce *models*, not gradients: every worker takes local
 optimizer steps and, on a schedule, the replicas are replaced by their average over a group (a

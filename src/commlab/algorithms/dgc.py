@@ -1,5 +1,5 @@
 """DGC-style top-k with momentum correction: the baseline that isolates RedSync's selectors
-(PAPERS.md section 4, "Baseline dgc").
+(Fang et al., RedSync, arXiv 1808.04357: RGC without RedSync's selectors).
 
 Deep Gradient Compression (Lin et al., ICLR 2018) as RedSync builds on it: momentum correction,
 residual accumulation, momentum factor masking, local gradient clipping and density warm-up,

@@ -1,5 +1,5 @@
 """Gaussian-k: threshold from a normal fit, then allgatherv (the Gaussiank baseline of Ok-Topk,
-PAPERS.md section 3; ``gaussiank`` in Shigangli/Ok-Topk).
+Li & Hoefler, PPoPP'22; ``gaussiank`` in Shigangli/Ok-Topk).
 
 Each rank selects the entries of acc = g + eps above the Gaussian-fit threshold
 (:mod:`commlab.compress.gaussiank`: no top-k, one pass for the moments and one per correction),

@@ -1,5 +1,5 @@
 """gTop-k: global top-k by a reduction tree in ceil(log2 P) rounds, then a broadcast (Shi et al.,
-ICDCS'19; a sparse baseline of Ok-Topk, PAPERS.md section 3; ``gtopk`` in Shigangli/Ok-Topk).
+ICDCS'19; a sparse baseline of Ok-Topk, Li & Hoefler, PPoPP'22; ``gtopk`` in Shigangli/Ok-Topk).
 
 Each rank takes the exact top-k of acc = g + eps. In round r (step s = 2^r) every rank whose
 index is an odd multiple of s sends its k pairs to rank - s and drops out; the receiver adds the

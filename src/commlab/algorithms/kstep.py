@@ -1,4 +1,4 @@
-"""K-step averaging, local reductions and reduction momentum (PAPERS.md section 1).
+"""K-step averaging, local reductions and reduction momentum (Cong, Yang & Zhou, ICPP'19 Workshops).
 
 Cong, Yang, Zhou, "Reducing global reductions in large-scale distributed training", ICPP 2019
 Workshops; lineage K-AVG (Zhou & Cong, IJCAI 2018). No public code exists: what follows is our

@@ -1,4 +1,4 @@
-"""Local update rules of SSD-SGD / OD-SGD (PAPERS.md section 5): how a worker moves its local
+"""Local update rules of SSD-SGD / OD-SGD (Xu et al., arXiv 2012.05396, 2005.06728): how a worker moves its local
 replica with its own gradient while the global (allreduce-averaged) update is still in flight.
 
 Every rule turns the worker's own gradient ``g`` into a *local direction* ``d``; the local

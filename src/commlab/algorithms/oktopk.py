@@ -1,4 +1,4 @@
-"""Ok-Topk: near-optimal sparse allreduce (Li & Hoefler, PPoPP'22; PAPERS.md section 3).
+"""Ok-Topk: near-optimal sparse allreduce (Li & Hoefler, PPoPP'22, sections 3 and 4).
 
 Implements the algorithm as released in Shigangli/Ok-Topk (LSTM/VGG allreducer; every interval
 and factor below is an option with that release's value). Per step, after ``warmup_steps`` dense

@@ -1,4 +1,4 @@
-"""One family for the methods that average models on a schedule (PAPERS.md sections 1 and 2):
+"""One family for the methods that average models on a schedule (Cong et al., ICPP'19; Jiang & Agrawal, 2020):
 K-step averaging and its hierarchical form (``kstep``, ``kstep_hier``), constant-period averaging
 (``cpsgd``) and adaptive periodic averaging (``adpsgd``).
 

@@ -1,5 +1,5 @@
 """PowerSGD: rank-r gradient compression with error feedback (Vogels, Karimireddy & Jaggi,
-NeurIPS 2019), a baseline beside QSGD and fp16 (PAPERS.md, "Peer systems").
+NeurIPS 2019), a baseline beside QSGD and fp16 in the ADPSGD comparison (README's table of papers).
 
 Every step, after ``warmup_steps`` dense steps, each rank forms ``M = g + e`` per layer (``e``: its
 error memory) and views it as a matrix (first dimension x the rest). Layers that are vectors, or

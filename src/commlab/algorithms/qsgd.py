@@ -1,4 +1,4 @@
-"""Quantised-gradient baselines of the ADPSGD comparison (PAPERS.md section 2): QSGD and fp16.
+"""Quantised-gradient baselines of the ADPSGD comparison (Jiang & Agrawal, arXiv 2007.06134): QSGD and fp16.
 
 ``qsgd``: every step each rank quantises its flat gradient with QSGD (stochastic rounding to
 ``s`` levels per bucket norm, ``bits`` per element; :mod:`commlab.compress.quantize`), then all

@@ -1,4 +1,4 @@
-"""RedSync: residual gradient compression with momentum correction (PAPERS.md section 4).
+"""RedSync: residual gradient compression with momentum correction (Fang et al., arXiv 1808.04357).
 
 Fang, Fu, Yang, Hsieh, "RedSync: Reducing Synchronization Traffic for Distributed Deep Learning",
 arXiv 1808.04357; released as feifeibear/89757 (CNNs, Horovod). Per layer and step, on every

@@ -1,5 +1,5 @@
-"""Plumbing shared by the sparse-gradient methods (Ok-Topk, TopkA, Gaussian-k, gTop-k; PAPERS.md
-section 3).
+"""Plumbing shared by the sparse-gradient methods (Ok-Topk, TopkA, Gaussian-k, gTop-k; Li & Hoefler,
+PPoPP'22, section 3).
 
 Every step of such a method, as in Shigangli/Ok-Topk: flatten all gradients into one tensor,
 add the residual (acc = g + eps), synchronise a sparse average of acc, keep in the residual

@@ -1,5 +1,5 @@
 """OD-SGD and SSD-SGD: a synchronous global update delayed behind local compensation steps
-(Xu et al., arXiv 2005.06728 and 2012.05396; PAPERS.md section 5).
+(Xu et al., arXiv 2005.06728 and 2012.05396).
 
 The released systems run the global update on an MXNet parameter server. Without a server, every
 rank keeps two replicas:

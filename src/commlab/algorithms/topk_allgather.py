@@ -1,5 +1,5 @@
-"""TopkA: allgather of every rank's exact top-k (the sparse baseline of Ok-Topk, PAPERS.md
-section 3; ``topkA`` in Shigangli/Ok-Topk).
+"""TopkA: allgather of every rank's exact top-k (the sparse baseline of Ok-Topk, Li & Hoefler,
+PPoPP'22, Table 1; ``topkA`` in Shigangli/Ok-Topk).
 
 Each rank selects the exact top-k of acc = g + eps, all ranks allgather the k (index, value)
 pairs of every rank (one ring allgather per tensor: every rank has exactly k, so no counts are

@@ -1,8 +1,8 @@
 """``commlab bench collectives``: allreduce through the Communicator vs raw torch.distributed.
 
-Spec 2 part 11 (the Communicator must cost at most 5% over raw torch.distributed at >= 1M
-elements) and spec 8 part 1 (under a 1 Gbit/s emulated link, a 10M-float allreduce on 4 ranks
-takes the bandwidth-limited time; unshaped it is several times faster).
+Two checks (docs/network.md, section 5): the Communicator costs at most 5% over raw torch.distributed at >= 1M
+elements, and under a 1 Gbit/s emulated link (section 1) a 10M-float allreduce on 4 ranks
+takes the bandwidth-limited time; unshaped it is several times faster.
 
 Overhead table: 4 gloo ranks (``commlab.launch.ranks.run_ranks``) on loopback; per size, after
 warm-up, ``--repeats`` pairs of calls, the order of the two alternating from pair to pair

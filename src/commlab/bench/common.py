@@ -1,4 +1,4 @@
-"""Shared pieces of the benchmark suite (spec 8, part 4): output files, environment, training runs.
+"""Shared pieces of the benchmark suite (docs/network.md, section 4): output files, environment, training runs.
 
 Every benchmark writes ``reports/bench/<name>.json`` (machine-readable, with an ``environment``
 block naming the host, the device and the commit) and ``reports/bench/<name>.md`` (a short

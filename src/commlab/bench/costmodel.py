@@ -1,4 +1,4 @@
-"""An alpha-beta cost model of each method's communication per step (spec 8, parts 2 and 3). A MODEL.
+"""An alpha-beta cost model of each method's communication per step (docs/network.md, sections 2 and 3). A MODEL.
 
 Every number this module produces is a *prediction* and is labelled so (``kind: "model"``) in
 JSON, tables and plots. It is fed by what the runs measured (bytes sent and collectives per step

@@ -1,6 +1,6 @@
 """``commlab bench scaling``: the cost model's predictions to 1024 workers, validated at P = 4 and 8.
 
-Spec 8 parts 2, 3 and 5. Everything under "predictions" is a MODEL (:mod:`commlab.bench.costmodel`),
+docs/network.md, sections 2, 3 and 5. Everything under "predictions" is a MODEL (:mod:`commlab.bench.costmodel`),
 fed by measurements:
 
 * method profiles (compute seconds, bytes and collectives per step at 4 workers) come from the

@@ -1,6 +1,6 @@
 """``commlab bench selection``: every registered selector against torch.topk and one read of the
-tensor (PAPERS.md section 3: Ok-Topk's estimated threshold vs exact top-k; section 4: RedSync's
-selectors), on CPU and, when available, on CUDA.
+tensor (Ok-Topk's estimated threshold vs exact top-k, Li & Hoefler, PPoPP'22, section 4; RedSync's
+selectors, Fang et al., arXiv 1808.04357), on CPU and, when available, on CUDA.
 
 For each device and size n (default 1M, 10M and 100M float32 normal entries) and k = density·n:
 

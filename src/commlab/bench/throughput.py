@@ -1,7 +1,7 @@
 """``commlab bench throughput``: samples/s of every registered method, as ratios to dense ``ssgd``,
 and ``ssgd`` against PyTorch DDP.
 
-Spec 8 part 4. Every registered method (or ``--methods``) trains the same short run
+docs/network.md, section 4. Every registered method (or ``--methods``) trains the same short run
 (``--max-steps`` steps of the laptop CNN, 4 workers) on loopback and on emulated links of 1 Gbit/s
 and 100 Mbit/s (:mod:`commlab.launch.netem`), all in this one invocation, so each ratio compares runs
 measured minutes apart on the same machine. Samples/s is taken between the first and the last

@@ -1,6 +1,6 @@
 """``commlab bench time_to_accuracy``: seconds to a target test accuracy per method on an emulated link.
 
-Spec 8 part 4. Each method trains the laptop CNN on a Fashion-MNIST subset (short epochs, so that
+docs/network.md, section 4. Each method trains the laptop CNN on a Fashion-MNIST subset (short epochs, so that
 test accuracy is evaluated often) with its workers in an emulated network (:mod:`commlab.launch.netem`,
 default 100 Mbit/s links). The time to accuracy is the training wall-clock (rank 0, from the
 first step; earlier evaluations included) at the end of the first epoch whose test accuracy

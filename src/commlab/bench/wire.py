@@ -20,7 +20,10 @@ what makes up the difference, and flags what the expected volume does not explai
 Nothing runs twice: the figures come from the throughput benchmark's emulated runs (``--from``,
 one or more of its JSON files), or, without ``--from``, from short runs made here on one emulated
 link (the throughput benchmark's own measurement, ``--methods``, ``--max-steps``);
-``--run-missing`` adds such runs for the methods the files do not have.
+``--run-missing`` adds such runs for the methods the files do not have (where emulated links are
+unavailable, their rows say "not measured" and why). The default workflow builds the table so:
+from the throughput benchmark's files, the methods they lack run here for a few steps past their
+warm-up (workflow/rules/bench.smk, ``bench: args: wire`` in config/config.yaml).
 
     commlab bench wire --from reports/bench/throughput.json reports/bench/throughput_resnet20.json
     commlab bench wire --methods ssgd oktopk --network unshaped --max-steps 16     # runs them (root)
@@ -99,7 +102,7 @@ def run_figures(run: dict, model: str) -> dict:
     per_point, per_step = unaccounted(run["method"], model, p)
     outside = {name: b * w["log_points"] / w["steps"] for name, b in per_point}
     outside.update(dict(per_step))
-    figures = {"accounted": total["bytes_sent"] / p, "payload": total["wire_tx_payload"] / p,
+    figures = {"workers": p, "accounted": total["bytes_sent"] / p, "payload": total["wire_tx_payload"] / p,
                "raw": total["wire_tx_bytes"] / p, "messages": total["messages_sent"] / p,
                "framing": GLOO_FRAMING_BYTES * total["messages_sent"] / p,
                "outside": sum(outside.values()) / p}
@@ -146,9 +149,10 @@ def algorithms(by_op: dict) -> str:
     return ", ".join(f"{name} {v / total:.0%}" for name, v in sorted(shares.items(), key=lambda x: -x[1]) if v)
 
 
-def table(sources: list[dict], methods: list[str]) -> list[dict]:
+def table(sources: list[dict], methods: list[str], unmeasured: dict[str, str] | None = None) -> list[dict]:
     """One row per (method, model, network) with emulated runs in ``sources`` (throughput
-    payloads): the median over repeats of each figure; a row saying so for methods never run."""
+    payloads): the median over repeats of each figure; a row saying so for methods never run
+    (``unmeasured``: why, per method)."""
     groups: dict[tuple, list[dict]] = {}
     for source in sources:
         model = source.get("model", "cnn")
@@ -159,10 +163,12 @@ def table(sources: list[dict], methods: list[str]) -> list[dict]:
     for method in methods:
         keys = sorted(k for k in groups if k[0] == method)
         if not keys:
-            rows.append({"method": method, "note": "not measured: no emulated run of this method in the inputs"})
+            rows.append({"method": method, "note": (unmeasured or {}).get(
+                method, "not measured: no emulated run of this method in the inputs")})
         for key in keys:
             runs = groups[key]
-            row = {"method": method, "model": key[1], "network": key[2], "runs": len(runs)}
+            row = {"method": method, "model": key[1], "network": key[2], "workers": runs[0]["workers"],
+                   "runs": len(runs)}
             for field in ("accounted", "payload", "raw", "messages", "framing", "outside", "expected", "in_flight",
                           "whole_run_mb"):
                 row[field] = statistics.median(r[field] for r in runs)
@@ -214,6 +220,7 @@ def wire(argv: list[str], json_path: str | None = None) -> int:
     if args.network == "loopback":
         parser.error("--network must be an emulated link (unshaped or Mbit/s): loopback has no counters")
     methods = resolve_methods(args.methods)
+    unmeasured: dict[str, str] = {}
     if args.sources:
         missing = [s for s in args.sources if not Path(s).exists()]
         if missing:
@@ -223,13 +230,18 @@ def wire(argv: list[str], json_path: str | None = None) -> int:
         measured = {r["method"] for source in sources for r in source.get("runs", []) if "wire" in r}
         missing = [m for m in methods if m not in measured]
         if args.run_missing and missing:
-            args.dataset = resolve_dataset(args)
-            sources.append(measure(args, missing))
-            names.append(f"runs made here ({', '.join(missing)}; {args.max_steps} steps)")
+            if reason := emulation_unavailable():  # the table still comes out, saying why
+                print(f"[wire] not run here ({reason}): {', '.join(missing)}", flush=True)
+                unmeasured = {m: f"not measured: emulated links unavailable ({reason})" for m in missing}
+            else:
+                args.dataset = resolve_dataset(args)
+                sources.append(measure(args, missing))
+                names.append(f"runs made here ({', '.join(missing)}; {args.max_steps} steps after the warm-up, "
+                             f"log points every {args.log_every})")
     else:
         args.dataset = resolve_dataset(args)
         sources, names = [measure(args, methods)], ["runs made here"]
-    rows = table(sources, methods)
+    rows = table(sources, methods, unmeasured)
     write_report("wire", {"sources": names, "tolerance": TOLERANCE, "framing_bytes": GLOO_FRAMING_BYTES,
                           "methods": methods, "rows": rows}, markdown(rows, names), args.json_path or json_path,
                  args.out_dir)
@@ -250,7 +262,10 @@ def markdown(rows: list[dict], names: list[str]) -> str:
              "Outside the measured window and not in this table: start-up (the rendezvous through the TCP "
              "store at rank 0, gloo's connection setup), the initial model broadcast, the dense warm-up, the "
              "final evaluation's broadcast and allreduce, and the checkpoint's barriers; `whole_run_mb` in the "
-             "JSON has each run's total."]
+             "JSON has each run's total.",
+             "", "Periodic methods reduce every K steps and at the run's last step: a window shorter than K holds "
+             "one reduction (the final one), so their bytes per step are the window's, not a period's; their "
+             "ratios hold all the same."]
     if failing:
         lines += ["", "Payload off the accounting by more than 10% with no named cause: " + ", ".join(failing)]
     return "\n".join(lines)

@@ -26,7 +26,7 @@ class Selector(Protocol):
 
 
 def k_for_density(n: int, density: float) -> int:
-    """k = ceil(density * n), at least 1 (PAPERS.md notation)."""
+    """k = ceil(density * n), at least 1 (the papers' notation: density rho, k = ceil(rho * n))."""
     if not 0 < density <= 1:
         raise ValueError(f"density must be in (0, 1], got {density}")
     # The epsilon keeps float noise (0.01 * 1000 = 10.000000000000002) from adding one.

@@ -1,4 +1,4 @@
-"""Threshold binary search selection (RedSync, PAPERS.md section 4, step 2: layers above 4M elements).
+"""Threshold binary search selection (RedSync, Fang et al., arXiv 1808.04357, as released: layers above 4M elements).
 
 RedSync avoids a full top-k on large layers by searching a magnitude threshold of the form::
 

@@ -1,5 +1,5 @@
-"""Count-bounded thresholds over values spread across ranks (Ok-Topk's global selection, PAPERS.md
-section 3, with the bounded threshold control of :mod:`commlab.algorithms.oktopk`).
+"""Count-bounded thresholds over values spread across ranks (Ok-Topk's global selection, Li & Hoefler,
+PPoPP'22, section 3, with the bounded threshold control of :mod:`commlab.algorithms.oktopk`).
 
 :func:`distributed_threshold` finds a threshold t such that the number of entries with
 |x| >= t, summed over every rank, lies in [k_min, k_max], without moving the values: a bisection

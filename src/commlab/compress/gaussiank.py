@@ -1,4 +1,4 @@
-"""Gaussian-k selection: a threshold from a normal fit of the tensor (PAPERS.md section 3, the
+"""Gaussian-k selection: a threshold from a normal fit of the tensor (Li & Hoefler, PPoPP'22: the
 Gaussiank baseline of Ok-Topk, as released in Shigangli/Ok-Topk).
 
 The entries are taken to be normal with the tensor's mean mu and standard deviation sigma; the

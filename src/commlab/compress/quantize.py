@@ -1,6 +1,6 @@
 """Gradient quantisers: QSGD stochastic rounding to s levels with a norm, and fp16 casting.
 
-These are the quantised-gradient baselines of the ADPSGD comparison (PAPERS.md section 2: "a
+These are the quantised-gradient baselines of the ADPSGD comparison (Jiang & Agrawal, arXiv 2007.06134: "a
 quantised SGD, e.g. QSGD 8-bit or 4-bit with stochastic rounding"). QSGD (Alistarh et al., 2017)
 splits a flat vector into buckets of ``d`` elements; for each bucket with norm ``N`` (the L2 norm
 as in QSGD, or the max norm) and each element ``v``::

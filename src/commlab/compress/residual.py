@@ -1,4 +1,4 @@
-"""Residual (error-feedback) memory for sparse methods (PAPERS.md sections 3 and 4).
+"""Residual (error-feedback) memory for sparse methods (Ok-Topk, PPoPP'22; RedSync, arXiv 1808.04357).
 
 Each step a sparse method adds the new gradient to what it has not applied yet, sends part of the
 sum, and keeps the rest for later::

@@ -1,5 +1,5 @@
 """Threshold estimation: exact top-k every few steps, a reused and nudged threshold in between
-(PAPERS.md section 3, Ok-Topk steps 2 and 5, as released in Shigangli/Ok-Topk).
+(Li & Hoefler, PPoPP'22, section 4: Ok-Topk's local and global thresholds, as released in Shigangli/Ok-Topk).
 
 Computing the exact k-th largest magnitude costs a top-k over the whole tensor. Gradients change
 slowly, so Ok-Topk computes it only every ``recompute_every`` steps (tau = 32) and in between

@@ -1,4 +1,4 @@
-"""Trimmed top-k selection (RedSync, PAPERS.md section 4, step 2: layers of 1M-4M elements).
+"""Trimmed top-k selection (RedSync, Fang et al., arXiv 1808.04357, as released: layers of 1M-4M elements).
 
 An exact top-k over a whole large layer is slow; RedSync first *trims* the layer to the few
 entries above a coarse threshold and runs the exact top-k on those survivors only::

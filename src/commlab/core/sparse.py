@@ -1,4 +1,4 @@
-"""Sparse collectives shared by every sparse method (PAPERS.md section 3, Ok-Topk's building blocks).
+"""Sparse collectives shared by every sparse method (Li & Hoefler, PPoPP'22, section 3: Ok-Topk's building blocks).
 
 A sparse contribution is a pair of tensors: ``indices`` (positions in a flat tensor of ``n``
 elements) and ``values``. Indices always travel in their own integer tensor of

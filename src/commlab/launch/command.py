@@ -10,7 +10,7 @@
   which meet through c10d rendezvous at the first node of the allocation;
 * ``max_restarts > 0`` lets torchrun restart failed workers, which resume from the last checkpoint;
 * emulated network (config ``network: {bandwidth_mbit: ..., latency_ms: ...}`` or ``--network-mbit``,
-  spec 8 part 1): :mod:`commlab.launch.netem` builds one namespace per worker with shaped links, and each
+  docs/network.md section 1): :mod:`commlab.launch.netem` builds one namespace per worker with shaped links, and each
   worker starts directly inside its namespace (``ip netns exec <ns> python -m commlab.loop ...``)
   with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT/GLOO_SOCKET_IFNAME set, and are
   supervised as torchrun does (:mod:`.supervise`): one worker failing stops the others and the launch exits

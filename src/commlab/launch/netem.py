@@ -1,4 +1,4 @@
-"""Emulated networks: every worker in its own network namespace, joined by shaped links (spec 8, part 1).
+"""Emulated networks: every worker in its own network namespace, joined by shaped links (docs/network.md, section 1).
 
 On one machine over loopback communication is nearly free, so the papers' speed claims (which
 appear only when the network is slow relative to compute) would go untested. Here each worker

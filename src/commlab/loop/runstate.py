@@ -1,4 +1,4 @@
-"""What the training loop needs to stop cleanly and resume exactly (spec 9 parts 2 and 3).
+"""What the training loop needs to stop cleanly and resume exactly (docs/cluster.md, section 3).
 
 * :class:`StopSignal` remembers a SIGTERM/SIGINT (what SLURM sends before preemption) until the
   loop's next control point, where all ranks agree to checkpoint and exit with

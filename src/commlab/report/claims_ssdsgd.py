@@ -19,6 +19,7 @@ from commlab.report.claims import Declared, Evidence, Source, mean_sd
 from commlab.report.rules import AccuracyMatch, Conditions, Gain, Reaches, SpeedTrend
 
 METRICS = ["test_accuracy", "wall_seconds", "samples", "train_loss"]
+BENCH = ["throughput"]  # the benchmark results the claims read (built before this report)
 LOOPBACK_FASTER = 1.05  # "faster" on loopback: at least this speed-up on every seed
 MIN_GAIN = 0.5  # accuracy points a needed component (GLU, warm-up) must add on average
 SSD = "ssd_k5_glu"  # the papers' setting: k = 5 with GLU

@@ -13,6 +13,7 @@ AXIS_LABELS = {
     "samples": "samples processed", "bytes_sent": "data sent per rank (MB)",
     "reductions_global": "global reductions", "wall_seconds": "wall-clock time (s)",
     "train_loss": "training loss", "test_accuracy": "test accuracy (%)", "test_loss": "test loss",
+    "test_perplexity": "test perplexity (lower is better)", "test_mlm_accuracy": "masked-token accuracy (%)",
     "step": "training step",
 }
 #: Columns drawn in another unit than logged: bytes are shown in MB.

@@ -1,11 +1,14 @@
 """reports/index.html: every paper's report, every claims table, and a cross-paper view.
 
 The index reads what each paper's report wrote beside its HTML: ``claims.json`` (the claims and
-verdicts, with the seeds behind each mean) and ``runs.csv`` (each run's final test accuracy,
-bytes sent by a worker and wall-clock time, and its link). From the runs it draws what no single
-report shows: every method of every paper on one chart of final test accuracy against bytes sent
-per worker, and on one against wall-clock time: the time on an emulated link where the run had
-one (its ``network`` tag names the link), else on loopback, and the legend says which.
+verdicts, with the seeds behind each mean) and ``runs.csv`` (each run's final test metric, bytes
+sent by a worker and wall-clock time, and its link). From the runs it draws what no single report
+shows: every method of every paper on one chart of final test accuracy against bytes sent per
+worker, and on one against wall-clock time: the time on an emulated link where the run had one
+(its ``network`` tag names the link), else on loopback, and the legend says which. A run is
+charted by its task's metric (:mod:`commlab.report.metrics`): runs of language models (perplexity)
+and masked language models (masked-token accuracy) get charts of their own, as their numbers do not
+share an axis with an image classifier's accuracy.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from commlab.report.claims import VERDICT_COLOURS
+from commlab.report.metrics import ACCURACY, TASK_METRICS, run_metric
 
 CHART_DPI = 150
 
@@ -52,34 +56,34 @@ def load_summaries(out: Path) -> pd.DataFrame:
     return runs
 
 
-def cross_paper_points(runs: pd.DataFrame, x: str) -> pd.DataFrame:
-    """Mean over seeds per (paper, run name, link) of final test accuracy and ``x``."""
-    data = runs.dropna(subset=["test_accuracy", x])
+def cross_paper_points(runs: pd.DataFrame, x: str, y: str = ACCURACY.name) -> pd.DataFrame:
+    """Mean over seeds per (paper, run name, link) of the final test metric ``y`` and ``x``."""
+    data = runs.dropna(subset=[y, x])
     if data.empty:
-        return pd.DataFrame(columns=["paper", "name", "link", "test_accuracy", x, "seeds"])
+        return pd.DataFrame(columns=["paper", "name", "link", y, x, "seeds"])
     return data.groupby(["paper", "name", "link"], as_index=False).agg(
-        test_accuracy=("test_accuracy", "mean"), **{x: (x, "mean")}, seeds=("seed", "nunique"))
+        **{y: (y, "mean")}, **{x: (x, "mean")}, seeds=("seed", "nunique"))
 
 
-def cross_paper_figure(runs: pd.DataFrame, x: str, xlabel: str, scale_x: float = 1.0):
-    """Final test accuracy against ``x`` (divided by ``scale_x``): colour = paper, marker = link,
-    each point labelled with its run name."""
+def cross_paper_figure(runs: pd.DataFrame, x: str, xlabel: str, scale_x: float = 1.0, y: str = ACCURACY.name):
+    """The final test metric ``y`` against ``x`` (divided by ``scale_x``): colour = paper, marker =
+    link, each point labelled with its run name."""
     import matplotlib.pyplot as plt
 
-    points = cross_paper_points(runs, x)
+    points = cross_paper_points(runs, x, y)
     fig, ax = plt.subplots(figsize=(10, 6))
     markers = dict(zip(sorted(points.link.unique()), "osD^v<>", strict=False))
     colours = plt.get_cmap("tab10")
     for i, (paper, g) in enumerate(points.groupby("paper")):
         for link, h in g.groupby("link"):
-            ax.scatter(h[x] / scale_x, h.test_accuracy, color=colours(i % 10), marker=markers.get(link, "o"),
+            ax.scatter(h[x] / scale_x, h[y], color=colours(i % 10), marker=markers.get(link, "o"),
                        s=36, label=f"{paper} ({link})", alpha=0.85, edgecolors="black", linewidths=0.4)
             for row in h.itertuples():
-                ax.annotate(row.name, (getattr(row, x) / scale_x, row.test_accuracy), fontsize=6,
+                ax.annotate(row.name, (getattr(row, x) / scale_x, getattr(row, y)), fontsize=6,
                             xytext=(3, 2), textcoords="offset points", color=colours(i % 10))
     ax.set_xscale("log")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("final test accuracy (%)")
+    ax.set_ylabel(f"final {TASK_METRICS[y].label}")
     ax.grid(True, which="major", alpha=0.3)
     if len(points):
         ax.legend(fontsize=7, loc="best", title="paper (link)", title_fontsize=7)
@@ -114,23 +118,37 @@ def emulated_link_seconds(runs: pd.DataFrame, out: Path) -> tuple[pd.Series, str
     return per_run.where(same_setting), slowest
 
 
+#: Datasets of generated samples, whose accuracy means nothing (commlab.data: synthetic, synthetic_tokens).
+GENERATED = ("synthetic", "synthetic_tokens")
+
+
 def real_data_runs(runs: pd.DataFrame) -> tuple[pd.DataFrame, bool]:
     """The runs to chart, and whether they are all on generated data. Runs on generated data (Ok-Topk's
-    volume-only runs) are set aside wherever runs on real data exist: their accuracy says nothing
-    beside the others. Where no run has real data (a pipeline check), they are what there is to draw."""
+    volume-only runs, BERT's throughput rows) are set aside wherever runs on real data exist: their
+    accuracy says nothing beside the others. Where no run has real data (a pipeline check), they are
+    what there is to draw."""
     if runs.empty or "dataset" not in runs:
         return runs, False
-    generated = runs.dataset.astype(str) == "synthetic"
+    generated = runs.dataset.astype(str).isin(GENERATED)
     if generated.all():
         return runs, True
     return runs[~generated], False
 
 
-def cross_paper_html(out: Path) -> str:
-    """The two cross-paper charts as embedded PNGs (an explanation where no run has a result)."""
-    runs, generated_only = real_data_runs(load_summaries(out))
-    if runs.empty or runs.test_accuracy.dropna().empty:
-        return '<p id="cross-paper">No run with a final test accuracy yet.</p>'
+def by_task_metric(runs: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """The runs grouped by their task's metric (in :data:`TASK_METRICS` order, accuracy last),
+    each group only with runs that have a final value of it."""
+    metric = run_metric(runs)
+    groups = {}
+    for name in TASK_METRICS:
+        group = runs[metric == name]
+        if name in group and group[name].notna().any():
+            groups[name] = group
+    return groups
+
+
+def _charts(runs: pd.DataFrame, out: Path, metric: str) -> list[str]:
+    """The cross-paper charts of runs of one task metric, as <figure> elements."""
     links = sorted(runs.link.unique())
     time_label = ("wall-clock time of the training loop (s; " + ", ".join(links) + ")")
     charts = [("bytes", runs, "bytes_sent", "data sent by one worker (MB, log scale)", 1e6),
@@ -140,15 +158,35 @@ def cross_paper_html(out: Path) -> str:
         on_link = runs.assign(link_seconds=seconds, link=f"emulated {link}, benchmark rate")
         charts.append(("link", on_link, "link_seconds", f"time of the run's samples at its method's throughput on "
                        f"the emulated {link} link (s, log scale; reports/bench/throughput.json)", 1.0))
+    suffix, measured = ("" if metric == ACCURACY.name else f"-{metric}"), TASK_METRICS[metric].measured
+    figures = []
+    for key, frame, column, label, scale in charts:
+        fig = cross_paper_figure(frame, column, label, scale, y=metric)
+        figures.append(f'<figure><img class="cross-paper-{key}{suffix}" alt="final {measured} against '
+                       f'{html.escape(label)}" width="960" src="data:image/png;base64,{_png(fig)}"></figure>')
+    return figures
+
+
+def cross_paper_html(out: Path) -> str:
+    """The two cross-paper charts as embedded PNGs, per task metric (an explanation where no run
+    has a result)."""
+    runs, generated_only = real_data_runs(load_summaries(out))
+    groups = by_task_metric(runs) if not runs.empty else {}
+    if not groups:
+        return '<p id="cross-paper">No run with a final test accuracy yet.</p>'
     parts = ['<div id="cross-paper">']
     if generated_only:
         parts.append('<p class="generated-data"><strong>Every run here trained on generated data</strong> '
                      '(<code>dataset: synthetic</code>): the accuracies show the pipeline works, not how '
                      'methods compare.</p>')
-    for key, frame, column, label, scale in charts:
-        fig = cross_paper_figure(frame, column, label, scale)
-        parts.append(f'<figure><img class="cross-paper-{key}" alt="final test accuracy against {html.escape(label)}" '
-                     f'width="960" src="data:image/png;base64,{_png(fig)}"></figure>')
+    if len(groups) > 1:
+        parts.append("<p>Runs of different tasks are charted apart, each by its task's metric: "
+                     + ", ".join(f"{len(g)} runs by {html.escape(TASK_METRICS[m].label)}" for m, g in groups.items())
+                     + ". A perplexity and an accuracy share no axis.</p>")
+    for metric, group in groups.items():
+        if len(groups) > 1:
+            parts.append(f"<h3>{html.escape(TASK_METRICS[metric].label)}</h3>")
+        parts += _charts(group, out, metric)
     parts.append("<p><small>Each point: one run variant of one paper, mean over its seeds. Papers train "
                  "different models on different subsets, so compare methods within a colour; across colours the "
                  "chart shows where each paper's methods sit. Time on loopback is measured on a shared machine "

@@ -52,7 +52,8 @@ DPI = 150  # print quality for every embedded and saved figure
 SCREEN_DPI = 96  # the figure's width in inches at this density is its width on the page
 #: What the index's cross-paper charts read from every report (<out>/<paper>/runs.csv).
 SUMMARY_COLUMNS = ["paper", "name", "method", "seed", "workers", "model", "dataset", "scale", "network",
-                   "link_mbit", "test_accuracy", "bytes_sent", "wall_seconds", "samples"]
+                   "link_mbit", "test_accuracy", "bytes_sent", "wall_seconds", "samples", "test_perplexity",
+                   "test_mlm_accuracy"]
 
 #: The lab template right-aligns table cells: the report's own tables read left to right.
 STYLE = ("<style>.commlab-claims td,.commlab-claims th,.commlab-scale td,.commlab-scale th"

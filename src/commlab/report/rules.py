@@ -11,7 +11,7 @@ its ``ours`` or ``note`` text as ``{why}``.
     Within("gap", bound="allowed", partly=2)    gap <= allowed; partly within twice the bound
     Reaches("saving", 0.62, floor=0)            at least the paper's number; partly above the floor
     Below("volumes", 6, min_points=3)           every value strictly under a bound (a volume bound)
-    AccuracyMatch("ours", "dense", margin=1)    a gap of means judged with its standard error
+    AccuracyMatch("ours", "dense", margin=1)    a gap of means judged with its standard error (any task's metric)
     SpeedTrend("ratios", paper=(1.46, 1.95))    faster on emulated links, more so as they slow
     Share("flags")                              all cases hold; partly some
     Consistency("holds")                        a check of our own accounting, not a reproduction
@@ -36,6 +36,7 @@ from commlab.report.claims import (
     PARTLY,
     REPRODUCED,
 )
+from commlab.report.metrics import ACCURACY, TASK_METRICS
 
 #: A speed-up within this of 1 is "no faster" (one benchmark cell, or one seed's wall time).
 FASTER = 1.05
@@ -71,9 +72,12 @@ def _passes(value: float, target: float, strict: bool) -> bool:
 
 # ---- functions, usable on their own --------------------------------------------------------------
 
-def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False) -> tuple[str, str]:
+def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False, unit: str = "points",
+                   higher_is_better: bool = True) -> tuple[str, str]:
     """(text, verdict) for "our accuracy is within ``margin`` points of the reference's", or with
     ``at_least`` for "no more than ``margin`` points below it" (a claim of similar or better accuracy).
+    Any task's metric (:mod:`commlab.report.metrics`) in its ``unit``; with ``higher_is_better``
+    false (perplexity) "below" becomes "above": a shortfall is a higher value.
 
     The gap of the means is judged together with its standard error over seeds,
     se = sqrt(sd_ours^2 / n_ours + sd_ref^2 / n_ref), so that neither a noisy comparison nor a gap
@@ -87,9 +91,10 @@ def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False)
     gap = a.mean() - b.mean()
     var = (a.var(ddof=1) / len(a) if len(a) > 1 else 0.0) + (b.var(ddof=1) / len(b) if len(b) > 1 else 0.0)
     se = float(var) ** 0.5
-    shortfall = -gap if at_least else abs(gap)
-    bound = f"at most {margin:g} below" if at_least else f"margin {margin:g}"
-    text = f"gap {gap:+.2f} points, standard error {se:.2f} ({bound})"
+    worse = -gap if higher_is_better else gap
+    shortfall = worse if at_least else abs(gap)
+    bound = f"at most {margin:.3g} {'below' if higher_is_better else 'above'}" if at_least else f"margin {margin:.3g}"
+    text = f"gap {gap:+.2f} {unit}, standard error {se:.2f} ({bound})"
     if shortfall + se <= margin:
         return text, REPRODUCED
     if shortfall - 2 * se > margin:
@@ -199,15 +204,21 @@ class Below:
 
 @dataclass(frozen=True)
 class AccuracyMatch:
-    """:func:`accuracy_match` on two series of final accuracies (one per seed)."""
+    """:func:`accuracy_match` on two series of final accuracies (one per seed). ``margin`` is a
+    number or the name of a value; ``metric``, when given, names the value that holds the task's
+    metric (``"test_perplexity"``, :data:`commlab.report.metrics.TASK_METRICS`): the gap is then
+    in that metric, lower being better for perplexity."""
 
     ours: str
     reference: str
-    margin: float = 1.0
+    margin: float | str = 1.0
     at_least: bool = False
+    metric: str | None = None
 
     def judge(self, values: dict) -> Outcome:
-        text, verdict = accuracy_match(values[self.ours], values[self.reference], self.margin, self.at_least)
+        task = TASK_METRICS[values[self.metric]] if self.metric else ACCURACY
+        text, verdict = accuracy_match(values[self.ours], values[self.reference], _number(values, self.margin),
+                                       self.at_least, task.unit, task.higher_is_better)
         return Outcome(verdict, text)
 
 

@@ -1,4 +1,4 @@
-"""Start, watch and interrupt whole jobs from outside, as a cluster would (spec 9 parts 2-5).
+"""Start, watch and interrupt whole jobs from outside, as a cluster would (docs/cluster.md, sections 3-6).
 
 The fault, resume and concurrency tests drive real ``commlab launch`` / ``torchrun`` jobs with
 these helpers, and they serve to rehearse a preemption by hand::
