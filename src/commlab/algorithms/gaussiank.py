@@ -1,5 +1,5 @@
 """Gaussian-k: threshold from a normal fit, then allgatherv (the Gaussiank baseline of Ok-Topk,
-PAPERS.md section 3; ``gaussiank`` in Shigangli/Ok-Topk).
+Li & Hoefler PPoPP'22; ``gaussiank`` in Shigangli/Ok-Topk).
 
 Each rank selects the entries of acc = g + eps above the Gaussian-fit threshold
 (:mod:`commlab.compress.gaussiank`: no top-k, one pass for the moments and one per correction),
@@ -16,7 +16,6 @@ import torch
 
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
 from commlab.compress.gaussiank import GaussianOptions, gaussian_select
-from commlab.compress.threshold import magnitudes_into
 from commlab.core.sparse import allgatherv_pairs, reduce_pairs
 from commlab.registry import ALGORITHMS
 
@@ -43,12 +42,10 @@ class GaussianK(SparseAlgorithm):
     def setup_sparse(self) -> None:
         self.selector_options = self.options.selector()
         self.threshold = 0.0
-        self.mags: torch.Tensor | None = None  # |acc| buffer reused between steps
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         with self.selecting() as box:
-            self.mags = magnitudes_into(acc, self.mags)
-            idx, self.threshold = gaussian_select(acc, self.k, self.selector_options, self.mags)
+            idx, self.threshold = gaussian_select(acc, self.k, self.selector_options)
             box[0] = idx.numel()
         self.note("local_selected", idx.numel())
         with self.phase("allgather"):

@@ -1,5 +1,5 @@
-"""Plumbing shared by the sparse-gradient methods (Ok-Topk, TopkA, Gaussian-k, gTop-k; PAPERS.md
-section 3).
+"""Plumbing shared by the sparse-gradient methods (Ok-Topk, TopkA, Gaussian-k, gTop-k: Li &
+Hoefler, PPoPP'22, and its baselines).
 
 Every step of such a method, as in Shigangli/Ok-Topk: flatten all gradients into one tensor,
 add the residual (acc = g + eps), synchronise a sparse average of acc, keep in the residual
@@ -66,7 +66,7 @@ class SparseUpdate:
 
     indices: torch.Tensor | None  # int64 positions of the update; None: dense update in `values`
     values: torch.Tensor  # averaged values at `indices` (or the dense averaged tensor)
-    applied: torch.Tensor | None  # positions of acc that were applied (None: all of acc)
+    applied: torch.Tensor | None  # positions of acc that were applied, or a boolean mask of them (None: all)
 
 
 class SparseAlgorithm(Algorithm):

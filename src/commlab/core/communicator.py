@@ -36,6 +36,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -214,7 +215,7 @@ class Communicator:
             )
         if recv_counts is None:
             recv_counts = self.exchange_counts(send_counts)
-        row = tensor[0].numel() if tensor.dim() > 1 else 1
+        row = math.prod(tensor.shape[1:])  # elements per row (a tensor may have no rows)
         out = torch.empty((sum(recv_counts), *tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
         t0 = time.perf_counter()
