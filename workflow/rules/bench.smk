@@ -8,7 +8,7 @@ from pathlib import Path
 
 BENCH_NAMES = ["collectives", "throughput", "time_to_accuracy", "scaling"] + (
     ["selection"] if Path("src/commlab/bench/selection.py").exists() else []
-)
+) + (["syncs"] if Path("src/commlab/bench/syncs.py").exists() else [])
 
 
 BENCH_ARGS = config.get("bench", {}).get("args", {})

@@ -82,12 +82,13 @@ from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, Spa
 from commlab.compress.bounded import (
     SPREAD_FIELDS,
     Spread,
+    Window,
     bins_within,
     distributed_threshold,
     local_spread,
     probe_cost_bound,
 )
-from commlab.compress.scan import at_least, compact
+from commlab.compress.scan import at_least, compact, from_bits
 from commlab.compress.threshold import ThresholdEstimator, ThresholdOptions
 from commlab.core.sparse import (
     SCHEDULES,
@@ -104,6 +105,19 @@ from commlab.core.sparse import (
 from commlab.registry import ALGORITHMS
 
 CONTROLS = ("bounded", "release")
+TABLE_FIELDS = 2 + SPREAD_FIELDS  # per rank: kept count, spread, elements sent so far (then the window)
+
+
+def window_bins(k: int, p: int) -> int:
+    """Slices of the histogram around the global threshold that every rank adds to the count
+    table: the most (a power of two, at most 64) costing at most k/8 elements per step; 0 (no
+    window) where fewer than 8 would fit, or alone."""
+    if p == 1:
+        return 0
+    bins = 64
+    while bins >= 8 and (bins + 1) * (p - 1) > k / 8:
+        bins //= 2
+    return bins if bins >= 8 else 0
 
 
 @ALGORITHMS.register("oktopk")
@@ -165,6 +179,7 @@ class OkTopk(SparseAlgorithm):
         self.local = ThresholdEstimator(self.options.local_thresholds())
         self.global_ = ThresholdEstimator(self.options.global_thresholds())
         self.regions = Regions(equal_boundaries(self.n, self.comm.size))
+        self.window_bins = window_bins(self.k, self.comm.size)
 
     # ---- one step ------------------------------------------------------------------------------
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
@@ -227,37 +242,31 @@ class OkTopk(SparseAlgorithm):
         recomputed (without moving values) when due or when the reused one leaves [lower*k, cap];
         then allgather them, balanced when that is cheaper for the busiest rank."""
         p, k, me = self.comm.size, self.k, self.comm.rank
+        thr = self.global_.value
+        window = Window.around(thr, r_val.dtype, self.window_bins) if thr is not None and self.window_bins else None
         with self.selecting():
-            thr = self.global_.value
             keep = at_least(r_val, thr) if thr is not None else torch.zeros_like(r_val, dtype=torch.bool)
         with self.phase("allgather"):
-            # one allgather: every rank's kept count, elements sent so far and the spread of its
-            # non-zero values (which starts a threshold search), read on the host once
-            mine = torch.cat([keep.sum().reshape(1), local_spread(r_val),
-                              torch.full((1,), self.step_sent(), dtype=torch.int64, device=r_val.device)])
+            # one allgather, read on the host once: every rank's kept count, the spread of its
+            # non-zero values (which starts a threshold search), the elements it sent so far, and
+            # its histogram around the threshold (which answers most searches at once)
+            parts = [keep.sum().reshape(1), local_spread(r_val),
+                     torch.full((1,), self.step_sent(), dtype=torch.int64, device=r_val.device)]
+            mine = torch.cat(parts + ([window.local_counts(r_val)] if window else []))
             table = self.comm.all_gather(mine.to(self.comm.device)).tolist() if p > 1 else [mine.tolist()]
             if p > 1:
                 self.comm.stats.relabel_last("sparse_counts")
         counts = [row[0] for row in table]
-        spent = max(row[-1] for row in table)
+        spent = max(row[TABLE_FIELDS - 1] for row in table)
         spread = Spread.combine([row[1:1 + SPREAD_FIELDS] for row in table])
         due = self.global_.due(step)
-        cap = self._global_cap(spent, probes=0)  # no search this step: nothing reserved for one
+        cap = self._global_cap(spent, probes=0, window=window)  # no search this step: none reserved
         low = int(min(self.options.band_lower * k, cap))
         if due or not low <= sum(counts) <= cap:
             if spread.nonzero <= cap:  # every non-zero entry fits: threshold 0, no search, counts known
                 thr, counts = 0.0, [row[1] for row in table]
             else:
-                # a search: reserve its worst case over the known spread, then aim at the exact
-                # top-cap when due, else the middle half of the band (a count drifting up stays in it)
-                bins = bins_within(k / 2, r_val.dtype, p, spread)
-                cap = self._global_cap(spent, probes=probe_cost_bound(r_val.dtype, p, bins, spread) + (p - 1))
-                low = int(min(self.options.band_lower * k, cap))
-                quarter = (cap - low) // 4
-                with self.phase("threshold"):
-                    thr = distributed_threshold(self.comm, r_val, cap - (0 if due else quarter),
-                                                cap if due else low + quarter, bins=bins, spread=spread)
-                counts = None
+                thr, counts = self._recompute(r_val, table, window, spread, spent, due)
             if due:
                 self.global_.set_exact(thr)
                 self.note("exact_global_steps", 1)
@@ -287,17 +296,44 @@ class OkTopk(SparseAlgorithm):
         with self.phase("allgather"):
             return allgather_equal(self.comm, slices, owned)
 
-    def _global_cap(self, spent: int, probes: int) -> int:
+    def _recompute(self, r_val: torch.Tensor, table: list[list[int]], window: Window | None, spread: Spread,
+                   spent: int, due: bool) -> tuple[float, list[int] | None]:
+        """The new global threshold and, when the table already holds them, every rank's count at
+        it (None: gather them). The cap reserves the worst case of a search over the spread; an
+        edge of the gathered window histogram whose count is in the band answers without one."""
+        p, k = self.comm.size, self.k
+        bins = bins_within(k / 2, r_val.dtype, p, spread)
+        cap = self._global_cap(spent, probes=probe_cost_bound(r_val.dtype, p, bins, spread) + (p - 1), window=window)
+        low = int(min(self.options.band_lower * k, cap))
+        quarter = (cap - low) // 4
+        # due: the exact top-cap; otherwise the middle half of the band (a drifting count stays in it)
+        k_max, k_min = cap - (0 if due else quarter), cap if due else low + quarter
+        start = None
+        if window is not None:
+            ranks = [window.at_edges(row[TABLE_FIELDS:]) for row in table]
+            every = [sum(col) for col in zip(*ranks, strict=True)]
+            fits = [j for j, c in enumerate(every) if k_min <= c <= k_max]
+            if fits:
+                best = min(fits, key=lambda j: (abs(every[j] - (k_min + k_max) / 2), -j))
+                self.note("window_answers", 1)
+                return from_bits(window.edges[best], r_val.dtype), [counts[best] for counts in ranks]
+            start = window.start(every, k_max, spread)
+        with self.phase("threshold"):
+            return distributed_threshold(self.comm, r_val, k_max, k_min, bins=bins, spread=spread, start=start), None
+
+    def _global_cap(self, spent: int, probes: int, window: Window | None = None) -> int:
         """Largest total of kept entries whose allgather keeps every rank below the budget.
 
         A rank that had sent ``spent`` elements before the count table then sends at most: the
-        table (1 + SPREAD_FIELDS + 1)(P-1), ``probes`` (a threshold search and its count
-        allgather, when one runs), its balance surplus 2(K - floor(K/P)) and the allgather of the
-        balanced slices 2(P-1)ceil(K/P): all together <= 4K(P-1)/P + 2P + the rest."""
+        table (TABLE_FIELDS + the window's bins + 1 per rank to P-1 ranks), ``probes`` (a threshold
+        search and its count allgather, when one runs), its balance surplus 2(K - floor(K/P)) and
+        the allgather of the balanced slices 2(P-1)ceil(K/P): all together <= 4K(P-1)/P + 2P + the
+        rest."""
         p, k = self.comm.size, self.k
         if p == 1:
             return k
-        left = self.options.volume_budget * k - 1 - spent - (2 + SPREAD_FIELDS) * (p - 1) - probes - 2 * p
+        table = (TABLE_FIELDS + (window.bins + 1 if window else 0)) * (p - 1)
+        left = self.options.volume_budget * k - 1 - spent - table - probes - 2 * p
         return max(0, min(k, int(left * p // (4 * (p - 1)))))
 
     def _thresholded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

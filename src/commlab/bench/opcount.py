@@ -9,11 +9,14 @@ calls that do that on CUDA: reads (``.item()``, ``.tolist()``, ``bool/int/float(
 ``torch.equal``), data-dependent shapes (``nonzero``, ``argwhere``, one-argument ``where``,
 boolean-mask indexing and assignment, ``masked_select``, ``unique``, ``unique_consecutive``,
 ``bincount``, ``repeat_interleave`` without ``output_size``, ``segment_reduce`` without
-``unsafe=True``, which checks its lengths on the host), and host copies (``.cpu()``,
-``.numpy()``, ``.to("cpu")``). On the CPU these calls cost nothing extra, which is why they are
-counted rather than timed; where CUDA is present :func:`cuda_sync_warnings` also counts what
-``torch.cuda.set_sync_debug_mode`` reports. Not visible on the CPU: host-to-device copies of
-Python data (``torch.tensor(list, device="cuda")``), which only the CUDA count sees.
+``unsafe=True``, which checks its lengths on the host), and host copies (``.cpu()`` and
+``.numpy()`` always, ``.to("cpu")`` of a tensor on another device; ``.to(device)`` toward the
+run's device, the collective's device under NCCL, is no host copy). On the CPU these calls cost
+nothing extra, which is why they are counted rather than timed; where CUDA is present
+:func:`cuda_sync_warnings` also counts what ``torch.cuda.set_sync_debug_mode`` reports. Not
+visible on the CPU: host-to-device copies of Python data (``torch.tensor(list,
+device="cuda")``), which only the CUDA count sees. Host arithmetic on Python numbers made with
+torch scalars reads like a sync: the code under measurement keeps such arithmetic in Python.
 
 **Bytes moved.** :class:`TrafficCounter` adds up, per torch call, the bytes of the tensors it
 reads and writes (for indexing calls only the indices and the elements gathered or written, not
@@ -86,9 +89,10 @@ def sync_kind(func, args: tuple, kwargs: dict) -> str | None:
         return "shape" if isinstance(repeats, torch.Tensor) and kwargs.get("output_size") is None else None
     if name == "segment_reduce":
         return None if kwargs.get("unsafe") else "check"
-    if name == "to":
+    if name == "to":  # a copy to the host from another device (on the CPU: never)
         target = [a for a in (*args[1:], kwargs.get("device")) if isinstance(a, (str, torch.device))]
-        return "copy" if any(torch.device(t).type == "cpu" for t in target) else None
+        source = args[0].device.type if isinstance(args[0], torch.Tensor) else "cpu"
+        return "copy" if source != "cpu" and any(torch.device(t).type == "cpu" for t in target) else None
     return None
 
 

@@ -1,6 +1,6 @@
 """``commlab bench selection``: every registered selector against torch.topk and one read of the
-tensor (PAPERS.md section 3: Ok-Topk's estimated threshold vs exact top-k; section 4: RedSync's
-selectors), on CPU and, when available, on CUDA.
+tensor (Ok-Topk's estimated threshold vs exact top-k, Li & Hoefler PPoPP'22; RedSync's selectors,
+Fang et al. arXiv 1808.04357), on CPU and, when available, on CUDA.
 
 For each device and size n (default 1M, 10M and 100M float32 normal entries) and k = density·n:
 
@@ -19,8 +19,11 @@ or too few: ``selected_over_k`` is the median count over k and ``selected_over_k
 call. ``--stream fixed`` calls every entry on one tensor (the lower bound of a reused threshold).
 
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
-median / read (both < 1 is impossible for ratio_read: it is the floor); the markdown table is
-printed. Timings on CUDA are synchronised around every call.
+median / read (both < 1 is impossible for ratio_read: it is the floor), and each entry's
+``bytes_per_element``: the bytes its torch calls read and write in one steady-state call, over n
+(:class:`commlab.bench.opcount.TrafficCounter`; one read of float32 is 4; work inside one
+kernel, such as topk's radix passes, is not seen). The markdown table is printed. Timings on
+CUDA are synchronised around every call.
 
     commlab bench selection                                   # 1M, 10M, 100M on cpu (and cuda)
     commlab bench selection --sizes 1000000 10000000 --calls 5 --json /tmp/sel.json
@@ -35,6 +38,7 @@ import time
 import torch
 
 from commlab.bench.common import add_output_arguments, md_table, parse_size, write_report
+from commlab.bench.opcount import TrafficCounter
 from commlab.compress.base import k_for_density
 from commlab.registry import BENCHMARKS, SELECTORS
 
@@ -102,13 +106,20 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
             if isinstance(out, torch.Tensor) and out.dtype == torch.int64:
                 selected.setdefault(name, []).append(int(out.numel()))
         rounds += 1
+    traffic = TrafficCounter()
+    moved = {}
+    for name in names:  # one more, counted call of each on the last tensor (not timed)
+        traffic.reset()
+        with traffic:
+            entries[name][0]()
+        moved[name] = traffic.bytes / current[0].numel()
     read_s = statistics.median(times["read (x.sum)"][1:])
     topk_s = statistics.median(times["torch.topk"][1:])
     rows = []
     for name in names:
         ts = times[name]
         row = {"selector": name, "first_s": ts[0], "median_s": statistics.median(ts[1:]),
-               "mean_s": statistics.fmean(ts), "calls": len(ts)}
+               "mean_s": statistics.fmean(ts), "calls": len(ts), "bytes_per_element": moved[name]}
         if name == "torch.topk":
             row["selected"] = k
         elif name in selected:
@@ -190,11 +201,13 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     stream_text = (f"a drifting stream (x <- 0.9 x + s_t noise, s_t x{args.drift:g} per round)"
                    if args.stream == "drifting" else "one fixed tensor")
     md = [f"Selection of k = {args.density:g}·n of n float32 entries, {stream_text}; median of later calls "
-          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()); "
+          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()), bytes its torch "
+          f"calls move per element in one steady-state call; "
           f"{args.clock} clock, {torch.get_num_threads()} thread(s).", "",
           md_table(table, [("device", "device"), ("elements", "n"), ("selector", "selector"),
                            ("first_ms", "first ms"), ("median_ms", "median ms"), ("amortized_ms", "amortized ms"),
-                           ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("selected_over_k", "selected / k"),
+                           ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("bytes_per_element", "bytes/elem"),
+                           ("selected_over_k", "selected / k"),
                            ("selected_over_k_max", "worst / k")])]
     md += [f"\nNot measured: {s['device']} {s.get('elements', '')}: {s['reason']}" for s in skipped]
     payload = {"density": args.density, "calls": args.calls, "budget_s": args.budget, "clock": args.clock,

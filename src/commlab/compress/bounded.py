@@ -23,10 +23,12 @@ the device. :func:`probe_cost_bound` is the worst-case number of elements it sen
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from commlab.compress.scan import from_bits, to_bits
 from commlab.core.communicator import ring_allreduce_cost
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -103,7 +105,7 @@ def local_spread(values: torch.Tensor) -> torch.Tensor:
 
 
 def _inf_bits(dtype: torch.dtype) -> int:
-    return int(torch.tensor(float("inf"), dtype=dtype).view(_int_view(dtype)))  # host-side: a constant
+    return to_bits(math.inf, dtype)
 
 
 @dataclass(frozen=True)
@@ -131,19 +133,66 @@ def gather_spread(comm, values: torch.Tensor) -> Spread:
     return Spread.combine(rows)
 
 
-def _value(bits: int, dtype: torch.dtype) -> float:
-    return float(torch.tensor(bits, dtype=torch.int64).to(_int_view(dtype)).view(dtype))  # host-side: bit arithmetic
+@dataclass(frozen=True)
+class Window:
+    """``bins`` slices of ``width`` bit patterns from pattern ``lo``: a histogram every rank can
+    send along with other counts (Ok-Topk's table), from which every rank then knows every rank's
+    count at every slice edge, with no collective of its own."""
+
+    lo: int
+    width: int
+    bins: int
+
+    @classmethod
+    def around(cls, threshold: float, dtype: torch.dtype, bins: int) -> Window:
+        """Slices of 1/32 of an octave, ``bins`` of them centred on ``threshold``'s pattern."""
+        width = 2 ** max(0, round(-math.log2(torch.finfo(dtype).eps)) - 5)
+        return cls(max(1, to_bits(threshold, dtype) - bins // 2 * width), width, bins)
+
+    @property
+    def edges(self) -> list[int]:
+        return [self.lo + j * self.width for j in range(self.bins + 1)]
+
+    def local_counts(self, values: torch.Tensor) -> torch.Tensor:
+        """[entries at or above the last edge, then per slice] of this rank (int64, on device)."""
+        bits = _magnitude_bits(values)
+        top = self.edges[-1]
+        slot = torch.where(bits >= top, 0, torch.where(bits >= self.lo, 1 + (bits - self.lo) // self.width,
+                                                       self.bins + 1))
+        return torch.zeros(self.bins + 2, dtype=torch.int64, device=bits.device).index_add_(
+            0, slot, torch.ones_like(slot))[:self.bins + 1]
+
+    def at_edges(self, counts: list[int]) -> list[int]:
+        """Entries at or above each edge, from :meth:`local_counts` (one rank's, or their sum)."""
+        out = [counts[0]] * (self.bins + 1)
+        for j in range(self.bins - 1, -1, -1):
+            out[j] = out[j + 1] + counts[1 + j]
+        return out
+
+    def start(self, at_edges: list[int], k_max: int, spread: Spread) -> tuple[int, int, int]:
+        """Where a search for a count <= k_max starts, from the global counts at the edges: the
+        slice (or the part of the spread outside the window) where the count crosses k_max, as
+        (lo, hi, entries above hi): ``distributed_threshold``'s ``start``."""
+        edges = self.edges
+        first = next((j for j, c in enumerate(at_edges) if c <= k_max), None)
+        if first is None:  # still more than k_max at the last edge: above the window
+            return edges[-1], spread.hi, 0
+        if first == 0:  # below the window
+            return spread.lo, edges[0] - 1, at_edges[0]
+        return edges[first - 1], edges[first] - 1, at_edges[first]
 
 
 def distributed_threshold(comm, values: torch.Tensor, k_max: int, k_min: int | None = None, *,
-                          bins: int = DEFAULT_BINS, spread: Spread | None = None) -> float:
+                          bins: int = DEFAULT_BINS, spread: Spread | None = None,
+                          start: tuple[int, int, int] | None = None) -> float:
     """A threshold selecting between ``k_min`` and ``k_max`` entries of all ranks' ``values``
     together (|x| >= t, x != 0), the smallest one selecting at most ``k_max`` when no threshold
     fits the band. Every rank of ``comm`` calls it with its own values and gets the same result.
 
     ``bins`` thresholds are counted per round (one allreduce of ``bins`` counts); ``spread``, when
     the caller already gathered every rank's :func:`local_spread`, saves the allgather that
-    starts the search."""
+    starts the search; ``start`` = (lo, hi, entries above hi), patterns between which the count
+    is known to cross k_max (from a :class:`Window`), narrows the first round to them."""
     k_min = k_max if k_min is None else k_min
     if not 0 <= k_min <= k_max:
         raise ValueError(f"need 0 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
@@ -155,7 +204,7 @@ def distributed_threshold(comm, values: torch.Tensor, k_max: int, k_min: int | N
     bits = _magnitude_bits(values)
     target = (k_min + k_max) / 2
     # Invariant: count(lo) > k_max >= count(hi + 1) = above.
-    lo, hi, above = spread.lo, spread.hi, 0
+    lo, hi, above = start if start is not None else (spread.lo, spread.hi, 0)
     while True:
         width = -(-(hi + 1 - lo) // bins)
         slot = torch.where((bits >= lo) & (bits <= hi), (bits - lo) // width, torch.full_like(bits, bins))
@@ -174,8 +223,8 @@ def distributed_threshold(comm, values: torch.Tensor, k_max: int, k_min: int | N
         fits = [j for j in range(used + 1) if k_min <= at_edge[j] <= k_max]
         if fits:  # the edge whose count is nearest the band's middle (the higher threshold on ties)
             best = min(fits, key=lambda j: (abs(at_edge[j] - target), -j))
-            return _value(edges[best], values.dtype)
+            return from_bits(edges[best], values.dtype)
         first = next(j for j in range(used + 1) if at_edge[j] <= k_max)  # exists: at_edge[used] = above
         if width == 1:  # single patterns: a tie straddles the band, take the smallest edge under the cap
-            return _value(edges[first], values.dtype)
+            return from_bits(edges[first], values.dtype)
         lo, hi, above = edges[first - 1], edges[first] - 1, at_edge[first]

@@ -33,31 +33,62 @@ reaches the update instead of hiding in a residual. Example::
 from __future__ import annotations
 
 import math
+import struct
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+# Float formats by their bit patterns, in plain Python: thresholds are host numbers, and host
+# arithmetic done with torch scalars would read like device work.
+_FORMATS = {torch.float64: ("<d", "<Q"), torch.float32: ("<f", "<I"), torch.float16: ("<e", "<H")}
+
+
+def to_bits(t: float, dtype: torch.dtype) -> int:
+    """The bit pattern of ``t`` rounded (to nearest even) to ``dtype``."""
+    if dtype == torch.bfloat16:  # the high half of a float32, rounded to nearest even
+        high = to_bits(t, torch.float32)
+        if math.isnan(t):
+            return high >> 16
+        return (high + 0x7FFF + ((high >> 16) & 1)) >> 16
+    if dtype not in _FORMATS:
+        raise ValueError(f"no float format for dtype {dtype}")
+    value, bits = _FORMATS[dtype]
+    try:
+        return struct.unpack(bits, struct.pack(value, t))[0]
+    except OverflowError:  # beyond the format's largest finite value: rounds to infinity
+        return to_bits(math.copysign(math.inf, t), dtype)
+
+
+def from_bits(bits: int, dtype: torch.dtype) -> float:
+    """The value of a bit pattern of ``dtype``."""
+    if dtype == torch.bfloat16:
+        return from_bits(bits << 16, torch.float32)
+    value, pattern = _FORMATS[dtype]
+    return struct.unpack(value, struct.pack(pattern, bits))[0]
+
 
 def in_dtype(t: float, dtype: torch.dtype) -> float:
     """``t`` rounded to ``dtype``, as a comparison with a tensor of that dtype rounds it."""
-    return float(torch.tensor(t, dtype=torch.float64).to(dtype))  # host-side: rounds a Python float
+    return from_bits(to_bits(t, dtype), dtype)
 
 
 def _step(t: float, dtype: torch.dtype, toward: float) -> float:
-    """The neighbour of ``t`` (rounded to ``dtype``) in ``dtype``, toward ``toward``."""
-    here = torch.tensor(t, dtype=torch.float64).to(dtype)  # host-side: float arithmetic
-    return float(torch.nextafter(here, torch.full_like(here, toward)))
+    """The neighbour of ``t`` >= 0 (rounded to ``dtype``) in ``dtype``, toward ``toward``."""
+    bits = to_bits(t, dtype)
+    if bits == 0 or (toward == 0 and math.copysign(1.0, from_bits(bits, dtype)) < 0):
+        return from_bits(1, dtype) if toward > 0 else 0.0  # from +-0: the smallest positive value
+    return from_bits(bits + (1 if toward > from_bits(bits, dtype) else -1), dtype)
 
 
 def next_up(t: float, dtype: torch.dtype) -> float:
-    """The smallest value of ``dtype`` above ``t``: |x| > t is |x| >= next_up(t)."""
-    return _step(t, dtype, float("inf"))
+    """The smallest value of ``dtype`` above ``t`` (>= 0): |x| > t is |x| >= next_up(t)."""
+    return _step(t, dtype, math.inf)
 
 
 def _tiny(dtype: torch.dtype) -> float:
     """The smallest positive value of ``dtype``: |x| >= it is x != 0."""
-    return _step(0.0, dtype, 1.0)
+    return from_bits(1, dtype)
 
 
 def at_least(x: torch.Tensor, t: float) -> torch.Tensor:
