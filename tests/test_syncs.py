@@ -99,27 +99,41 @@ def test_a_step_over_budget_is_reported_over_budget():
     assert row["kind"] == "step" and row["within_budget"] is False and row["worst_sites"] == {"x.py:1 item": 1}
 
 
-def test_every_method_keeps_its_host_sync_budget(tmp_path):
-    """Every registered method, 2 ranks, a small MLP, 5 steps after a 1-step warm-up; Ok-Topk with
-    thresholds due every third step and a wide count band (the MLP's gradients on random batches
-    drift), so that both its step kinds are seen."""
+def run_bench(tmp_path, *argv: str) -> dict[tuple[str, str], dict]:
     out = tmp_path / "syncs.json"
-    argv = ["--workers", "2", "--steps", "5", "--model", "mlp", "--batch-size", "4", "--options", "defaults",
-            "--param", "oktopk.local_recompute_every=3", "--param", "oktopk.global_recompute_every=3",
-            "--param", "oktopk.band_lower=0.05"]
-    assert BENCHMARKS.get("syncs")(argv, str(out)) == 0
+    assert BENCHMARKS.get("syncs")(["--workers", "2", "--model", "mlp", "--batch-size", "4", "--options", "defaults",
+                                     *argv], str(out)) == 0
     report = json.loads(out.read_text())
     rows = {(r["method"], r["kind"]): r for r in report["rows"]}
     over = [(key, r["max_syncs"], r["budget"], r["worst_sites"]) for key, r in rows.items()
             if r["within_budget"] is False]
     assert over == [] and report["all_within_budget"]
+    return rows
+
+
+def test_every_method_keeps_its_host_sync_budget(tmp_path):
+    """Every registered method, 2 ranks, a small MLP, 5 steps after a 1-step warm-up. On random
+    batches the MLP's residuals grow fast, so every sparse Ok-Topk step corrects a threshold: its
+    recompute budget is checked here, its typical steps below."""
+    rows = run_bench(tmp_path, "--steps", "5")
     for method, kinds in BUDGET.items():
         for kind in kinds:
-            assert (method, kind) in rows, (method, kind)   # measured, not skipped
+            if (method, kind) != ("oktopk", "step"):
+                assert (method, kind) in rows, (method, kind)   # measured, not skipped
     for method in ("ddp", "ssgd", "fp16", "powersgd"):
         assert rows[(method, "step")]["max_syncs"] == 0
     for method in ("kstep", "cpsgd", "adpsgd"):
         assert rows[(method, "local")]["max_syncs"] == 0
     for method in SPARSE:
-        assert 1 <= rows[(method, "step")]["max_syncs"] <= 8   # a sparse step reads at least one count
+        if method != "oktopk":
+            assert 1 <= rows[(method, "step")]["max_syncs"] <= 8   # a sparse step reads at least one count
+    assert 4 <= rows[("oktopk", "recompute")]["max_syncs"] <= 16
+
+
+def test_ok_topk_steps_without_a_recompute_keep_the_budget(tmp_path):
+    """Ok-Topk whose thresholds are reused without corrections between exact ones (the release's
+    control, exact every third step): both step kinds."""
+    rows = run_bench(tmp_path, "--steps", "6", "--methods", "oktopk", "--param", "oktopk.threshold_control=release",
+                     "--param", "oktopk.local_recompute_every=3", "--param", "oktopk.global_recompute_every=3")
+    assert 1 <= rows[("oktopk", "step")]["max_syncs"] <= 8
     assert rows[("oktopk", "recompute")]["max_syncs"] <= 16

@@ -108,7 +108,10 @@ def summarise(runs: list[dict], per_rank: list[list[list[dict]]]) -> list[dict]:
     budget and the verdict, and where the worst step's syncs come from."""
     rows = []
     for i, run in enumerate(runs):
-        steps = [rec for rank in per_rank for rec in rank[i]]
+        # a step's kind is the same on every rank: a recompute if any rank recomputed at that step
+        recomputed = {rec["step"] for rank in per_rank for rec in rank[i] if rec["kind"] == "recompute"}
+        steps = [{**rec, "kind": "recompute" if rec["step"] in recomputed else rec["kind"]}
+                 for rank in per_rank for rec in rank[i]]
         every = {rec["kind"] for rec in steps}
         if every <= {"reduction"}:  # synchronises every step: one kind
             for rec in steps:
