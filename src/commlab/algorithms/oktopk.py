@@ -39,19 +39,23 @@ gradients at P = 8 a rank sends up to 17k elements in one step. ``threshold_cont
   when more than k pass the reused threshold the exact top-k of those is taken, when fewer than
   3k/4 pass the exact threshold; ties trimmed), so split-and-reduce sends at most 2k + (P-1)
   count elements;
-* global: one allgather of every rank's (kept count, elements sent so far, and where its
-  non-zero reduced values lie: their number and their largest and smallest bit patterns); every
-  rank then knows the busiest rank's spend s and sets the cap K <= k on the kept total so that
-  s + 6(P-1) + probes + 4K(P-1)/P + 2P < 6k. When due (tau'), or when the reused threshold keeps
-  a total outside [3k/4, K], the threshold is recomputed by
+* global: one allgather of a count table: every rank's kept count, elements sent so far, where
+  its non-zero reduced values lie (their number, largest and smallest bit patterns) and, once a
+  global threshold exists, its histogram around it (``window_bins`` slices of 1/32 octave,
+  +-1 octave: :class:`~commlab.compress.bounded.Window`). Every rank then knows the busiest
+  rank's spend s and sets the cap K <= k on the kept total so that
+  s + table + probes + 4K(P-1)/P + 2P < 6k. When due (tau'), or when the reused threshold keeps
+  a total outside [3k/4, K], the threshold is recomputed, aiming at exactly the top-K when due,
+  else at a total in the middle half of [3k/4, K] (so that a drifting count stays in the band):
+  from the table alone when an edge of the gathered histograms has a count in that band (every
+  rank's count at the edge is in the table too: no collective), else by
   :func:`~commlab.compress.bounded.distributed_threshold` (a radix search on the values' bit
-  patterns: one allreduce of ``bins`` counts per round, at most 4 rounds for float32 with 256
-  bins, where the bisection it replaces took up to 33 one-count allreduces; exactly the top-K
-  when due, else a total in the middle half of [3k/4, K] so that a drifting count stays in the
-  band) instead of allgathering the regions. ``bins`` is the most (up to 256) whose rounds
-  over the gathered spread cost at most k/2 elements, so a small k gets more, cheaper rounds;
-  the cap reserves that search's worst case only on a step that runs one, and when every
-  non-zero entry fits under the cap the threshold is 0 with no search at all;
+  patterns, started in the histogram's slice where the count crosses the cap: one allreduce of
+  ``bins`` counts per round, at most 4 rounds for float32 with 256 bins) and one allgather of
+  the new counts, instead of allgathering the regions. ``bins`` is the most (up to 256) whose
+  rounds over the gathered spread cost at most k/2 elements, so a small k gets more, cheaper
+  rounds; the cap reserves that search's worst case only on a step that may run one, and when
+  every non-zero entry fits under the cap the threshold is 0 with no search at all;
 * allgather: the kept pairs, balanced first (surplus <= 2(K - floor(K/P)), then equal slices
   2(P-1)ceil(K/P): <= 4K(P-1)/P + 2P in all) unless the plain allgatherv (2(P-1) times the
   largest count, every slice padded to it) is cheaper for the busiest rank; every rank knows
@@ -65,11 +69,13 @@ update (tests/test_oktopk_reference.py).
 **Messages and host syncs** (docs/performance.md). Indices and values travel packed in one
 integer message (:class:`~commlab.core.sparse.Pairs`). A typical bounded step is four
 collectives (the split's counts and pairs, the count table, the allgather; a fifth when
-balancing) and five host reads: the local selection's compaction, the split's counts (sent and
-received, read together), the reduction's unique indices, the table, and the kept entries'
-compaction; a recompute adds one read per round and one for the new counts. The step's metric
-``recompute_steps`` is the fraction of sparse steps that recomputed a threshold (exact or
-corrected, local or global) or re-split the regions.
+balancing) and four host reads: the local selection's compaction, the split's counts (sent and
+received, read together), the reduction's unique indices and the table (the kept entries'
+positions need none: their number is in the table). A recompute answered by the table costs
+nothing more; a search adds one collective and one read per round and one for the new counts.
+Metrics: ``recompute_steps`` is the fraction of sparse steps that recomputed a threshold (exact
+or corrected, local or global) or re-split the regions, ``window_answers`` the fraction whose
+global threshold the table's histograms answered.
 """
 
 from __future__ import annotations
