@@ -58,6 +58,13 @@ def network_name(net: float | str) -> str:
     return net if isinstance(net, str) else f"{net:g}Mbit"
 
 
+def bench_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The argument parser of ``commlab bench NAME``: its module docstring's first paragraph as
+    the description, the rest as the epilog."""
+    return argparse.ArgumentParser(prog=f"commlab bench {name}", description=doc.split("\n\n")[0],
+                                   epilog=doc.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default=OUT_DIR, help=f"folder for <name>.json and <name>.md (default {OUT_DIR})")
     parser.add_argument("--json", dest="json_path", metavar="FILE",

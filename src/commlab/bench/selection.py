@@ -31,13 +31,12 @@ CUDA are synchronised around every call.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
-from commlab.bench.common import add_output_arguments, md_table, parse_size, write_report
+from commlab.bench.common import add_output_arguments, bench_parser, md_table, parse_size, write_report
 from commlab.bench.opcount import TrafficCounter
 from commlab.compress.base import k_for_density
 from commlab.registry import BENCHMARKS, SELECTORS
@@ -141,9 +140,7 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
 @BENCHMARKS.register("selection")
 def selection(argv: list[str], json_path: str | None = None) -> int:
     """Exact top-k vs threshold estimation vs Gaussian-k vs every other registered selector."""
-    parser = argparse.ArgumentParser(prog="commlab bench selection", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser("selection", __doc__)
     parser.add_argument("--sizes", nargs="+", type=parse_size, default=DEFAULT_SIZES,
                         help="tensor sizes in elements (default 1000000 10000000 100000000)")
     parser.add_argument("--density", type=float, default=0.01, help="k = density * n (default 0.01)")

@@ -27,13 +27,12 @@ budget are reported as measured.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from collections import Counter
 
 import torch
 
-from commlab.bench.common import add_output_arguments, md_table, method_params, model_input, write_report
+from commlab.bench.common import add_output_arguments, bench_parser, md_table, method_params, model_input, write_report
 from commlab.registry import BENCHMARKS
 
 SPARSE = ("oktopk", "topk_allgather", "gaussiank", "gtopk", "redsync", "dgc")
@@ -154,9 +153,7 @@ def syncs(argv: list[str], json_path: str | None = None) -> int:
     """Host syncs per training step of every method, against the budget."""
     from commlab.bench.common import resolve_methods
 
-    parser = argparse.ArgumentParser(prog="commlab bench syncs", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser("syncs", __doc__)
     parser.add_argument("--methods", nargs="*", help="methods (default: every registered method)")
     parser.add_argument("--workers", type=int, default=4, help="gloo ranks (default 4)")
     parser.add_argument("--steps", type=int, default=34,

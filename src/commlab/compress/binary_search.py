@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from commlab.compress.scan import counts_above, in_dtype, mean_and_max_magnitude, select_above
+from commlab.compress.scan import counts_above, in_dtype, magnitude_stats, select_above
 from commlab.registry import SELECTORS
 
 PROBES = 15  # thresholds counted per pass (a round halves the interval 4 times)
@@ -93,16 +93,9 @@ def binary_search_select(x: torch.Tensor, k: int, max_iters: int = 32, r_hint: f
         raise ValueError(f"k must be at least 1, got {k}")
     if max_iters < 1:
         raise ValueError(f"max_iters must be at least 1, got {max_iters}")
-    flat = x.reshape(-1)
-    n = flat.numel()
-    if k >= n:
-        return SearchResult(torch.arange(n, device=flat.device), None, 0)
-    if not flat.dtype.is_floating_point:
-        flat = flat.float()
-    try:
-        mean, top = mean_and_max_magnitude(flat)
-    except ValueError:
-        raise ValueError("binary_search_select: the tensor holds NaN or infinite values") from None
+    if k >= x.numel():
+        return SearchResult(torch.arange(x.numel(), device=x.device), None, 0)
+    flat, mean, top = magnitude_stats(x, "binary_search_select")
     span = top - mean
     if span <= 0:  # every magnitude equal (all zero included): only counts 0 and n exist
         return SearchResult(torch.topk(flat.abs(), k, sorted=False).indices, None, 0)

@@ -123,14 +123,18 @@ def select_above(x: torch.Tensor, t: float) -> torch.Tensor:
     return compact(above(x.reshape(-1), t))
 
 
-def mean_and_max_magnitude(flat: torch.Tensor) -> tuple[float, float]:
-    """mean |x| and max |x| of a flat tensor, read on the host together (no |x| buffer)."""
+def magnitude_stats(x: torch.Tensor, who: str) -> tuple[torch.Tensor, float, float]:
+    """``x`` flat (as floats), with its mean |x| and max |x| read on the host together (no |x|
+    buffer); a NaN or infinity raises a ValueError naming ``who``."""
+    flat = x.reshape(-1)
+    if not flat.dtype.is_floating_point:
+        flat = flat.float()
     low, high = torch.aminmax(flat)
     both = torch.stack([torch.linalg.vector_norm(flat, ord=1) / flat.numel(), torch.maximum(-low, high)])
     mean, top = both.tolist()
     if not (math.isfinite(mean) and math.isfinite(top)):
-        raise ValueError("the tensor holds NaN or infinite values")
-    return mean, top
+        raise ValueError(f"{who}: the tensor holds NaN or infinite values")
+    return flat, mean, top
 
 
 def host_values(values: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from commlab.compress.scan import counts_above, mean_and_max_magnitude, select_above
+from commlab.compress.scan import counts_above, magnitude_stats, select_above
 from commlab.registry import SELECTORS
 
 RATIOS = tuple(i / 10 for i in range(9, -1, -1))  # 0.9, 0.8, ..., 0.0 as in the release
@@ -43,16 +43,9 @@ def trimmed_topk(x: torch.Tensor, k: int, ratios: tuple[float, ...] = RATIOS) ->
     ``ratios`` must decrease."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    flat = x.reshape(-1)
-    n = flat.numel()
-    if k >= n:
-        return torch.arange(n, device=flat.device)
-    if not flat.dtype.is_floating_point:
-        flat = flat.float()
-    try:
-        mean, top = mean_and_max_magnitude(flat)
-    except ValueError:
-        raise ValueError("trimmed_topk: the tensor holds NaN or infinite values") from None
+    if k >= x.numel():
+        return torch.arange(x.numel(), device=x.device)
+    flat, mean, top = magnitude_stats(x, "trimmed_topk")
     if top > mean:
         # The release scans r = 0.9, 0.8, ... and stops at the first r leaving >= k survivors
         # (|v| > thr): all ten counted in one pass, the first that has enough is the release's r.
