@@ -9,12 +9,14 @@ optimizer, then the loop's loss accumulation), outside log points: on the CPU wi
 present, also what ``torch.cuda.set_sync_debug_mode`` reports. Counts are deterministic, so the
 budget is a verdict, not a timing (docs/performance.md, "Host-sync budget").
 
-Every method runs in one world of ``--workers`` gloo ranks on synthetic batches, with the options
-the laptop-scale paper grids give it (``--options defaults``: its own) and its dense warm-up cut
-to one step; then ``--steps`` measured steps. Steps are split by kind: ``step`` (every step of a
+Every method runs in one world of ``--workers`` gloo ranks on batches of the run's dataset
+(Fashion-MNIST when prepared, else the synthetic one: ``--dataset``), each rank its own slice,
+with the options the laptop-scale paper grids give it (``--options defaults``: its own) and its
+dense warm-up cut to one step; then ``--steps`` measured steps. Steps are split by kind: ``step`` (every step of a
 method that synchronises every step), ``local`` / ``reduction`` (the periodic family: steps
 without and with a model average), ``recompute`` (Ok-Topk steps that recompute a threshold or
-re-split the regions). A count is the largest over ranks and over steps of that kind.
+re-split the regions: on the rank that did, since a local threshold is a rank's own). A count
+is the largest over ranks and over steps of that kind; ``rank-steps`` says how many there were.
 
 Budget (outside log points): 0 for ddp, ssgd, fp16 and PowerSGD; 0 on the local steps of kstep,
 cpsgd and adpsgd; at most 8 on a typical step of every sparse method (Ok-Topk, TopkA,
@@ -32,7 +34,7 @@ from collections import Counter
 
 import torch
 
-from commlab.bench.common import add_output_arguments, bench_parser, md_table, method_params, model_input, write_report
+from commlab.bench.common import add_output_arguments, bench_parser, md_table, method_params, write_report
 from commlab.registry import BENCHMARKS
 
 SPARSE = ("oktopk", "topk_allgather", "gaussiank", "gtopk", "redsync", "dgc")
@@ -52,7 +54,22 @@ def _step_kind(reductions: int, recomputes: float) -> str:
     return "reduction" if reductions else "local"
 
 
-def measure_rank(rank: int, world: int, runs: list[dict], steps: int, model: str, batch: int, device: str) -> list:
+def batches(dataset: str, data_dir: str, rank: int, world: int, batch: int, steps: int) -> tuple[list, tuple]:
+    """This rank's ``steps`` batches (inputs normalised, labels) of ``dataset``, consecutive
+    slices of its training set, and the inputs' (channels, size, classes)."""
+    from commlab.data import load_dataset
+
+    data = load_dataset(dataset, data_dir)
+    spec, n = data.spec, len(data.train_y)
+    out = []
+    for step in range(steps):
+        idx = (torch.arange(batch) + (step * world + rank) * batch) % n
+        out.append((data.normalise(data.train_x[idx]), data.train_y[idx]))
+    return out, (spec.channels, spec.image_size, spec.num_classes)
+
+
+def measure_rank(rank: int, world: int, runs: list[dict], steps: int, model: str, batch: int, device: str,
+                 dataset: str, data_dir: str) -> list:
     """On one rank: every run's per-step host syncs (list of dicts per run)."""
     import torch.distributed as dist
 
@@ -66,23 +83,21 @@ def measure_rank(rank: int, world: int, runs: list[dict], steps: int, model: str
     from commlab.models import build_model
 
     dev = torch.device(device)
-    channels, size, classes = model_input(model)
+    total = WARMUP + steps
+    inputs, (channels, size, classes) = batches(dataset, data_dir, rank, world, batch, total)
     out = []
     for run in runs:
         torch.manual_seed(0)
         net = build_model(model, channels, classes, size).to(dev)
         comm = Communicator(stats=CommStats())
         runtime = Runtime(rank, world, rank, dist.get_backend(), dev)
-        total = WARMUP + steps
         train = {**DEFAULTS["train"], "batch_size": batch, "lr": 0.01}
         algo = build_method(run["method"], net, comm, run["params"], runtime=runtime, train=train, seed=0,
                             steps_per_epoch=total, total_steps=total, workers_per_node=world)
-        gen = torch.Generator().manual_seed(1000 + rank)
         window = torch.zeros((), dtype=torch.float64, device=dev)
         counter, records = HostSyncCounter(), []
         for step in range(total):
-            x = torch.randn(batch, channels, size, size, generator=gen).to(dev)  # host-side: synthetic batch
-            y = torch.randint(0, classes, (batch,), generator=gen).to(dev)  # host-side: synthetic labels
+            x, y = (t.to(dev) for t in inputs[step])
             c = comm.stats.counters
             reductions0 = c["reductions_global"] + c["reductions_local"]
             recomputes0 = getattr(algo, "window", {}).get("recompute_steps", 0.0)
@@ -107,10 +122,8 @@ def summarise(runs: list[dict], per_rank: list[list[list[dict]]]) -> list[dict]:
     budget and the verdict, and where the worst step's syncs come from."""
     rows = []
     for i, run in enumerate(runs):
-        # a step's kind is the same on every rank: a recompute if any rank recomputed at that step
-        recomputed = {rec["step"] for rank in per_rank for rec in rank[i] if rec["kind"] == "recompute"}
-        steps = [{**rec, "kind": "recompute" if rec["step"] in recomputed else rec["kind"]}
-                 for rank in per_rank for rec in rank[i]]
+        # a rank's step is a recompute when that rank recomputed a threshold (some are rank-local)
+        steps = [rec for rank in per_rank for rec in rank[i]]
         every = {rec["kind"] for rec in steps}
         if every <= {"reduction"}:  # synchronises every step: one kind
             for rec in steps:
@@ -122,7 +135,7 @@ def summarise(runs: list[dict], per_rank: list[list[list[dict]]]) -> list[dict]:
             mine = [rec for rec in steps if rec["kind"] == kind]
             worst = max(mine, key=lambda rec: rec["syncs"])
             budget = BUDGET.get(run["name"], {}).get(kind)
-            row = {"method": run["name"], "kind": kind, "steps": len(mine) // len(per_rank),
+            row = {"method": run["name"], "kind": kind, "rank_steps": len(mine),
                    "max_syncs": worst["syncs"], "mean_syncs": statistics.fmean(r["syncs"] for r in mine),
                    "budget": budget, "within_budget": None if budget is None else worst["syncs"] <= budget,
                    "worst_sites": dict(Counter(worst["sites"]).most_common(8))}
@@ -151,7 +164,7 @@ def plan_runs(args, methods: list[str]) -> list[dict]:
 @BENCHMARKS.register("syncs")
 def syncs(argv: list[str], json_path: str | None = None) -> int:
     """Host syncs per training step of every method, against the budget."""
-    from commlab.bench.common import resolve_methods
+    from commlab.bench.common import resolve_dataset, resolve_methods
 
     parser = bench_parser("syncs", __doc__)
     parser.add_argument("--methods", nargs="*", help="methods (default: every registered method)")
@@ -159,7 +172,10 @@ def syncs(argv: list[str], json_path: str | None = None) -> int:
     parser.add_argument("--steps", type=int, default=34,
                         help="measured steps after the warm-up (default 34: Ok-Topk's first recomputes)")
     parser.add_argument("--model", default="cnn", help="registered model (default cnn)")
-    parser.add_argument("--batch-size", type=int, default=8, help="synthetic samples per worker (default 8)")
+    parser.add_argument("--dataset", default="auto",
+                        help="registered dataset; auto = fashion_mnist when prepared, else synthetic")
+    parser.add_argument("--data-dir", default="data/prepared", help="prepared-data folder")
+    parser.add_argument("--batch-size", type=int, default=32, help="samples per worker and step (default 32)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="where the ranks compute (cuda: gloo ranks sharing the GPU, also counted by "
                              "torch.cuda.set_sync_debug_mode)")
@@ -175,28 +191,30 @@ def syncs(argv: list[str], json_path: str | None = None) -> int:
         parser.error("--device cuda: no CUDA device here")
     methods = resolve_methods(args.methods)
     runs = plan_runs(args, methods)
+    args.dataset = resolve_dataset(args)
 
     from commlab.launch.ranks import run_ranks
 
     per_rank = run_ranks(measure_rank, args.workers, args=(runs, args.steps, args.model, args.batch_size,
-                                                           args.device),
+                                                           args.device, args.dataset, args.data_dir),
                          timeout_s=1800, device=args.device)
     rows = summarise(runs, per_rank)
     failed = [r for r in rows if r["within_budget"] is False]
-    payload = {"workers": args.workers, "steps": args.steps, "model": args.model, "batch_per_worker": args.batch_size,
+    payload = {"workers": args.workers, "steps": args.steps, "model": args.model, "dataset": args.dataset,
+               "batch_per_worker": args.batch_size,
                "device": args.device, "options": args.options, "runs": runs, "budget": BUDGET, "rows": rows,
                "all_within_budget": not failed}
-    md = [f"Host syncs per training step outside log points ({args.model}, {args.workers} gloo ranks on "
-          f"{args.device}, {args.steps} steps after a {WARMUP}-step warm-up, "
+    columns = [("method", "method"), ("kind", "step kind"), ("rank_steps", "rank-steps"), ("max_syncs", "max syncs"),
+               ("mean_syncs", "mean"), *([("cuda_max_syncs", "CUDA max")] if args.device == "cuda" else []),
+               ("budget", "budget"), ("verdict", "verdict")]
+    md = [f"Host syncs per training step outside log points ({args.model}, {args.dataset}, {args.workers} gloo "
+          f"ranks on {args.device}, {args.steps} steps after a {WARMUP}-step warm-up, "
           + ("the paper grids' method options" if args.options == "grid" else "default method options")
           + "): the largest count over ranks and steps of each kind, counted by intercepting torch calls "
           "that wait for a CUDA device" + (", and by torch.cuda.set_sync_debug_mode" if args.device == "cuda" else "")
           + ".", "",
           md_table([{**r, "verdict": "" if r["within_budget"] is None else ("ok" if r["within_budget"] else "OVER")}
-                    for r in rows],
-                   [("method", "method"), ("kind", "step kind"), ("steps", "steps"), ("max_syncs", "max syncs"),
-                    ("mean_syncs", "mean"), *([("cuda_max_syncs", "CUDA max")] if args.device == "cuda" else []),
-                    ("budget", "budget"), ("verdict", "verdict")]), "",
+                    for r in rows], columns), "",
           "All within budget." if not failed else
           "Over budget: " + "; ".join(f"{r['method']} ({r['kind']}): {r['max_syncs']} > {r['budget']} "
                                       f"({', '.join(r['worst_sites'])})" for r in failed)]
