@@ -12,12 +12,15 @@ import torch
 
 from commlab.bench.opcount import HostSyncCounter, TrafficCounter
 from commlab.compress.scan import (
+    _counts_bucketize,
+    _counts_cpu,
     at_least,
     compact,
     counts_above,
     counts_at_least,
     in_dtype,
     next_up,
+    portable_passes,
     select_above,
     select_at_least,
 )
@@ -50,11 +53,19 @@ def test_masks_counts_and_compaction_match_brute_force(dtype):
     # >= t compares in x's dtype (t rounded to it, as x >= t does); t <= 0 selects the non-zeros
     want_ge = [((a >= in_dtype(t, dtype)) & (x != 0)) if t > 0 else x != 0 for t in ts]
     want_gt = [(a > in_dtype(t, dtype)) if t >= 0 else x != 0 for t in ts]
-    assert counts_at_least(x, ts).tolist() == [int(m.sum()) for m in want_ge]
-    assert counts_above(x, ts).tolist() == [int(m.sum()) for m in want_gt]
-    assert counts_at_least(x, ts[::-1]).tolist() == [int(m.sum()) for m in want_ge[::-1]]
+    assert counts_at_least(x, ts) == [int(m.sum()) for m in want_ge]
+    assert counts_above(x, ts) == [int(m.sum()) for m in want_gt]
+    assert counts_at_least(x, ts[::-1]) == [int(m.sum()) for m in want_ge[::-1]]
+    # among a selection that holds every entry passing the lowest positive threshold
+    positive = [t for t in ts if t > 0]
+    among = select_at_least(x, min(positive))
+    want = [int(m.sum()) for t, m in zip(ts, want_ge, strict=True) if t > 0]
+    assert counts_at_least(x, positive, among=among) == want
     for t, ge, gt in zip(ts, want_ge, want_gt, strict=True):
         assert torch.equal(at_least(x, t), ge)
+        with portable_passes():  # what a GPU runs
+            assert torch.equal(at_least(x, t), ge)
+            assert torch.equal(select_above(x, t), torch.nonzero(gt).view(-1))
         assert torch.equal(select_at_least(x, t), torch.nonzero(ge).view(-1))
         assert torch.equal(select_above(x, t), torch.nonzero(gt).view(-1))
 
@@ -66,20 +77,25 @@ def test_compaction_is_one_host_sync_and_the_mask_reads_no_abs_buffer():
         idx = select_at_least(x, 2.0)
     assert syncs.total == 1 and idx.numel() == int((x.abs() >= 2.0).sum())
     traffic = TrafficCounter()
-    with traffic:
+    with portable_passes(), traffic:
         at_least(x, 2.0)
     # one float pass (read 4, write 4 bytes), one cast to a mask (read 4, write 1): no |x| buffer
     # on top, which would add 8 bytes (write |x|, read it back)
     assert traffic.bytes == (4 + 4 + 4 + 1) * x.numel()
 
 
-def test_counts_at_many_thresholds_take_one_pass():
-    x = sample(torch.float32, n=100_000)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gpu_counting_pass_counts_what_the_cpu_counts_and_reads_the_tensor_once(dtype):
+    """A GPU counts many thresholds with one bucketize pass (run here on the CPU tensor); the CPU
+    counts with numpy, narrowing to the few entries left once a threshold is selective."""
+    x = sample(dtype, n=100_000)
+    ts = sorted({in_dtype(t, dtype) for t in thresholds(x) if in_dtype(t, dtype) > 0})
     traffic = TrafficCounter()
     with traffic:
-        counts_at_least(x, [0.5 * i for i in range(1, 30)])
-    # one read of x and its bucket ids (8 bytes each), one histogram: not 29 passes
-    assert traffic.bytes < 30 * x.numel()
+        on_gpu = _counts_bucketize(x, ts)
+    assert on_gpu.tolist() == _counts_cpu(x, ts) == counts_at_least(x, ts)
+    # one read of x and its bucket ids (8 bytes each), one small histogram: not a pass per threshold
+    assert traffic.bytes < (x.element_size() + 8 + 8) * x.numel() + 4096
 
 
 def test_float_formats_round_and_step_like_torch():

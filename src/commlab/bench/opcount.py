@@ -183,8 +183,12 @@ class TrafficCounter(TorchFunctionMode):
             rest = [a for a in args[1:] if isinstance(a, (torch.Tensor, tuple, list))]
             moved = 2 * _nbytes(rest) + _nbytes(list(kwargs.values()))
         elif name in ("size", "dim", "numel", "element_size", "__len__", "view", "reshape", "__get__",
-                      "data_ptr", "is_contiguous", "stride", "storage_offset", "unbind", "split", "chunk"):
-            moved = 0  # metadata, views and zero-copy splits
+                      "data_ptr", "is_contiguous", "stride", "storage_offset", "unbind", "split", "chunk",
+                      "empty", "empty_like", "empty_strided"):
+            moved = 0  # metadata, views, zero-copy splits and allocations
+        elif "out" in kwargs:  # reads its inputs, writes the given output
+            rest = {k: v for k, v in kwargs.items() if k != "out"}
+            moved = _nbytes(args) + _nbytes(list(rest.values())) + _nbytes(kwargs["out"])
         else:
             same = id(out) in {id(a) for a in args}  # in-place calls return their input
             moved = _nbytes(args) + _nbytes(list(kwargs.values())) + (0 if same else _nbytes(out))

@@ -20,9 +20,10 @@ call. ``--stream fixed`` calls every entry on one tensor (the lower bound of a r
 
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
 median / read (both < 1 is impossible for ratio_read: it is the floor), and each entry's
-``bytes_per_element``: the bytes its torch calls read and write in one steady-state call, over n
-(:class:`commlab.bench.opcount.TrafficCounter`; one read of float32 is 4; work inside one
-kernel, such as topk's radix passes, is not seen). The markdown table is printed. Timings on
+``bytes_per_element``: the bytes its torch calls read and write in one steady-state call, over n,
+on the passes a GPU runs (:func:`commlab.compress.scan.portable_passes`; the CPU's own numpy
+kernels are not seen by :class:`commlab.bench.opcount.TrafficCounter`); one read of float32 is
+4; work inside one kernel, such as topk's radix passes, is not seen either. The markdown table is printed. Timings on
 CUDA are synchronised around every call.
 
     commlab bench selection                                   # 1M, 10M, 100M on cpu (and cuda)
@@ -39,6 +40,7 @@ import torch
 from commlab.bench.common import add_output_arguments, bench_parser, md_table, parse_size, write_report
 from commlab.bench.opcount import TrafficCounter
 from commlab.compress.base import k_for_density
+from commlab.compress.scan import portable_passes
 from commlab.registry import BENCHMARKS, SELECTORS
 
 DEFAULT_SIZES = [1_000_000, 10_000_000, 100_000_000]
@@ -107,9 +109,9 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
         rounds += 1
     traffic = TrafficCounter()
     moved = {}
-    for name in names:  # one more, counted call of each on the last tensor (not timed)
+    for name in names:  # one more call of each on the last tensor, its GPU passes counted (not timed)
         traffic.reset()
-        with traffic:
+        with portable_passes(), traffic:
             entries[name][0]()
         moved[name] = traffic.bytes / current[0].numel()
     read_s = statistics.median(times["read (x.sum)"][1:])
@@ -198,8 +200,8 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     stream_text = (f"a drifting stream (x <- 0.9 x + s_t noise, s_t x{args.drift:g} per round)"
                    if args.stream == "drifting" else "one fixed tensor")
     md = [f"Selection of k = {args.density:g}·n of n float32 entries, {stream_text}; median of later calls "
-          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()), bytes its torch "
-          f"calls move per element in one steady-state call; "
+          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()), bytes the GPU's "
+          f"passes move per element in one steady-state call; "
           f"{args.clock} clock, {torch.get_num_threads()} thread(s).", "",
           md_table(table, [("device", "device"), ("elements", "n"), ("selector", "selector"),
                            ("first_ms", "first ms"), ("median_ms", "median ms"), ("amortized_ms", "amortized ms"),

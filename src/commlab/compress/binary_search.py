@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from commlab.compress.scan import counts_above, in_dtype, magnitude_stats, select_above
+from commlab.compress.scan import Scratch, counts_above, in_dtype, magnitude_stats, select_above
 from commlab.registry import SELECTORS
 
 PROBES = 15  # thresholds counted per pass (a round halves the interval 4 times)
@@ -83,12 +83,12 @@ def _representable(value: float, dtype: torch.dtype) -> float:
     return in_dtype(value, dtype)
 
 
-def binary_search_select(x: torch.Tensor, k: int, max_iters: int = 32, r_hint: float | None = None
-                         ) -> SearchResult:
+def binary_search_select(x: torch.Tensor, k: int, max_iters: int = 32, r_hint: float | None = None,
+                         scratch: Scratch | None = None) -> SearchResult:
     """A top set of ``x.view(-1)`` by magnitude with ``k/2 < count < 2k`` (see the module notes).
 
     ``r_hint`` tries that ratio first (one mask and compaction) and searches only if it misses
-    the band."""
+    the band; ``scratch`` lends reusable mask buffers."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     if max_iters < 1:
@@ -99,10 +99,10 @@ def binary_search_select(x: torch.Tensor, k: int, max_iters: int = 32, r_hint: f
     span = top - mean
     if span <= 0:  # every magnitude equal (all zero included): only counts 0 and n exist
         return SearchResult(torch.topk(flat.abs(), k, sorted=False).indices, None, 0)
-    search = _Search(flat, k)
+    search = _Search(flat, k, scratch)
     if r_hint is not None:
         thr = _representable(mean + r_hint * span, flat.dtype)
-        idx = select_above(flat, thr)
+        idx = select_above(flat, thr, scratch)
         search.probes += 1
         if search.in_band(idx.numel()):
             return SearchResult(idx, r_hint, search.probes, reused=True, threshold=thr)
@@ -125,16 +125,20 @@ def _probes(lo: float, hi: float, tiny: float, dtype: torch.dtype) -> list[float
 class _Search:
     """The search over one tensor's magnitudes."""
 
-    def __init__(self, flat: torch.Tensor, k: int):
-        self.flat, self.k = flat, k
+    def __init__(self, flat: torch.Tensor, k: int, scratch: Scratch | None):
+        self.flat, self.k, self.scratch = flat, k, scratch
         self.probes = 0
 
     def in_band(self, count: int) -> bool:
         return self.k / 2 < count < 2 * self.k
 
+    def answer(self, thr: float, ratio: float) -> SearchResult:
+        """The entries above ``thr``, compacted once."""
+        return SearchResult(select_above(self.flat, thr, self.scratch), ratio, self.probes, threshold=thr)
+
     def counts(self, thresholds: list[float]) -> list[int]:
         self.probes += 1
-        return counts_above(self.flat, thresholds).tolist()
+        return counts_above(self.flat, thresholds)
 
     def run(self, mean: float, span: float, top: float, max_iters: int) -> SearchResult:
         dtype, k = self.flat.dtype, self.k
@@ -153,14 +157,13 @@ class _Search:
             fits = [j for j, c in enumerate(counts) if self.in_band(c)]
             if fits:  # the count nearest k (in ratio): compacted once
                 best = min(fits, key=lambda j: abs(math.log(counts[j] / k)))
-                return SearchResult(select_above(self.flat, probes[best]), ratio(probes[best]), self.probes,
-                                    threshold=probes[best])
+                return self.answer(probes[best], ratio(probes[best]))
             if not lo_known and counts[0] <= k / 2:
                 # The mean already selects too few: continue below it, down to threshold 0.
                 hi = lo
                 nonzero = self.counts([0.0])[0]
                 if self.in_band(nonzero):
-                    return SearchResult(select_above(self.flat, 0.0), ratio(0.0), self.probes, threshold=0.0)
+                    return self.answer(0.0, ratio(0.0))
                 if nonzero <= k / 2:  # at most k/2 non-zero entries: no threshold reaches the band
                     return SearchResult(self._exact_k(None), None, self.probes)
                 lo, lo_known = 0.0, True
@@ -181,7 +184,7 @@ class _Search:
         to hold at least 2k entries) or among all entries (``None``); ties broken by topk."""
         if lower is None:
             return torch.topk(self.flat.abs(), self.k, sorted=False).indices
-        cand = select_above(self.flat, lower)
+        cand = select_above(self.flat, lower, self.scratch)
         best = torch.topk(self.flat[cand].abs(), self.k, sorted=False).indices
         return cand[best]
 
@@ -204,12 +207,13 @@ class BinarySearchSelector:
         self.ratio: float | None = None  # r of the last successful search
         self.calls_since_search = 0  # calls answered by the reused ratio since the last search
         self.last: SearchResult | None = None  # the last call's result (metrics, tests)
+        self.scratch = Scratch()  # mask buffers reused between calls
 
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
         hint = None
         if self.ratio is not None and self.calls_since_search < self.reuse_every - 1:
             hint = self.ratio
-        result = binary_search_select(x, k, self.max_iters, r_hint=hint)
+        result = binary_search_select(x, k, self.max_iters, r_hint=hint, scratch=self.scratch)
         self.calls_since_search = self.calls_since_search + 1 if result.reused else 0
         self.ratio = result.ratio
         self.last = result

@@ -22,7 +22,7 @@ from statistics import NormalDist
 
 import torch
 
-from commlab.compress.scan import compact, counts_above, select_above
+from commlab.compress.scan import Scratch, compact, counts_above, select_above
 from commlab.compress.threshold import first_within
 from commlab.registry import SELECTORS
 
@@ -65,20 +65,21 @@ def lowered(threshold: float, down: float, loops: int) -> list[float]:
     return out
 
 
-def gaussian_select(x: torch.Tensor, k: int, options: GaussianOptions | None = None) -> tuple[torch.Tensor, float]:
+def gaussian_select(x: torch.Tensor, k: int, options: GaussianOptions | None = None,
+                    scratch: Scratch | None = None) -> tuple[torch.Tensor, float]:
     """Indices (sorted int64) selected by the corrected Gaussian threshold (|x| > threshold), and
-    the threshold."""
+    the threshold; ``scratch`` lends reusable mask buffers."""
     o = options or GaussianOptions()
     flat = x.reshape(-1)
     thr = gaussian_threshold(flat, k)
     if thr <= 0 or not math.isfinite(thr):
         return compact(flat != 0), 0.0
-    idx = select_above(flat, thr)
+    idx = select_above(flat, thr, scratch)
     if idx.numel() < o.lower * k and o.max_loops:
         candidates = lowered(thr, o.down, o.max_loops)
-        counts = counts_above(flat, candidates).tolist()
+        counts = counts_above(flat, candidates)
         thr = candidates[first_within(counts, lambda c: c >= o.lower * k)]
-        idx = select_above(flat, thr)
+        idx = select_above(flat, thr, scratch)
     return idx, thr
 
 
@@ -90,7 +91,8 @@ class GaussianSelector:
         self.options = options or GaussianOptions()
         self.options.validate()
         self.threshold: float | None = None
+        self.scratch = Scratch()  # mask buffers reused between calls
 
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        idx, self.threshold = gaussian_select(x.reshape(-1), k, self.options)
+        idx, self.threshold = gaussian_select(x.reshape(-1), k, self.options, self.scratch)
         return idx

@@ -26,7 +26,7 @@ reaches the update instead of hiding in a residual. Example::
     >>> x = torch.tensor([0.5, -2.0, 1.0, 0.0, -1.0])
     >>> compact(at_least(x, 1.0))
     tensor([1, 2, 4])
-    >>> counts_at_least(x, [0.5, 1.0, 3.0]).tolist()
+    >>> counts_at_least(x, [0.5, 1.0, 3.0])
     [4, 3, 0]
 """
 
@@ -34,10 +34,10 @@ from __future__ import annotations
 
 import math
 import struct
+from contextlib import contextmanager
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 # Float formats by their bit patterns, in plain Python: thresholds are host numbers, and host
 # arithmetic done with torch scalars would read like device work.
@@ -91,36 +91,88 @@ def _tiny(dtype: torch.dtype) -> float:
     return from_bits(1, dtype)
 
 
-def at_least(x: torch.Tensor, t: float) -> torch.Tensor:
-    """Boolean mask of the entries of ``x`` with |x| >= t and x != 0 (t <= 0: x != 0), from one
-    comparison of x against t and -t (no |x| buffer)."""
+class Scratch:
+    """Buffers a selector reuses from call to call for its masks (a fresh multi-megabyte tensor
+    per call costs page faults on the CPU and allocator traffic on a GPU). A mask made in them
+    is valid until the next selection with the same scratch."""
+
+    def __init__(self):
+        self._values: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
+
+    def buffers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A values buffer like ``x`` and a boolean buffer of its length."""
+        if self._values is None or self._values.shape != x.shape or self._values.dtype != x.dtype \
+                or self._values.device != x.device:
+            self._values = torch.empty_like(x)
+            self._mask = torch.empty(x.shape, dtype=torch.bool, device=x.device)
+        return self._values, self._mask
+
+
+_NUMPY_ON_CPU = [True]  # the CPU's own kernels for masks, counts and compactions
+
+
+@contextmanager
+def portable_passes():
+    """Inside the block the CPU runs the passes a GPU runs (torch calls only), so that a
+    :class:`commlab.bench.opcount.TrafficCounter`, which sees torch calls, measures their bytes."""
+    _NUMPY_ON_CPU.append(False)
+    try:
+        yield
+    finally:
+        _NUMPY_ON_CPU.pop()
+
+
+def _numpy(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and _NUMPY_ON_CPU[-1]
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a numpy array (no copy). For the CPU-only arithmetic below: the
+    GPU's path makes no host read there, so neither does this."""
+    return np.asarray(t)
+
+
+def at_least(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
+    """Boolean mask of the entries of ``x`` with |x| >= t and x != 0 (t <= 0: x != 0; NaN passes),
+    in ``scratch``'s buffers when given. On a GPU one comparison of x against t and -t with no
+    |x| buffer; on the CPU numpy's comparison of |x| (its kernels are several times faster there
+    than torch's)."""
     t = max(in_dtype(t, x.dtype), _tiny(x.dtype))
+    values, mask = scratch.buffers(x) if scratch is not None else (torch.empty_like(x), None)
+    mask = torch.empty(x.shape, dtype=torch.bool, device=x.device) if mask is None else mask
+    if _numpy(x) and x.dtype != torch.bfloat16:
+        magnitudes = np.abs(_array(x), out=_array(values))
+        np.logical_not(np.less(magnitudes, t, out=_array(mask)), out=_array(mask))
+        return mask
     # hardshrink(x, l) keeps x where x > l or x < -l: with l the value below t, where |x| >= t
-    return F.hardshrink(x, _step(t, x.dtype, 0.0)).bool()
+    return mask.copy_(torch.hardshrink(x, _step(t, x.dtype, 0.0), out=values))
 
 
-def above(x: torch.Tensor, t: float) -> torch.Tensor:
+def above(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
     """Boolean mask of the entries with |x| > t (t < 0: x != 0)."""
-    return at_least(x, next_up(t, x.dtype) if t >= 0 else 0.0)
+    return at_least(x, next_up(t, x.dtype) if t >= 0 else 0.0, scratch)
 
 
 def compact(mask: torch.Tensor) -> torch.Tensor:
     """The int64 positions of the true entries of a flat ``mask``, ascending: the one pass whose
-    result the host must see (its length is the count)."""
+    result the host must see (its length is the count). On the CPU numpy's compaction of a
+    boolean array, several times faster than ``torch.nonzero`` (its ``.numpy()`` stands for the
+    host read of the GPU's)."""
     flat = mask.reshape(-1)
-    if flat.device.type == "cpu":
+    if _numpy(flat):
         return torch.from_numpy(np.flatnonzero(flat.numpy()))
     return torch.nonzero(flat).view(-1)
 
 
-def select_at_least(x: torch.Tensor, t: float) -> torch.Tensor:
+def select_at_least(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
     """Sorted int64 positions of the entries of flat ``x`` with |x| >= t, x != 0."""
-    return compact(at_least(x.reshape(-1), t))
+    return compact(at_least(x.reshape(-1), t, scratch))
 
 
-def select_above(x: torch.Tensor, t: float) -> torch.Tensor:
+def select_above(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
     """Sorted int64 positions of the entries of flat ``x`` with |x| > t."""
-    return compact(above(x.reshape(-1), t))
+    return compact(above(x.reshape(-1), t, scratch))
 
 
 def magnitude_stats(x: torch.Tensor, who: str) -> tuple[torch.Tensor, float, float]:
@@ -154,14 +206,50 @@ def _histogram(slots: torch.Tensor, bins: int) -> torch.Tensor:
         0, slots, torch.ones_like(slots, dtype=torch.int64))
 
 
-def counts_at_least(x: torch.Tensor, thresholds: list[float]) -> torch.Tensor:
-    """For each threshold t (in the given order), how many entries have |x| >= t and x != 0: one
-    pass over x (an int64 tensor on x's device; the caller reads it when it needs to)."""
+COMPACT_FRACTION = 1 / 64  # the CPU's counts continue on the entries passing a threshold this selective
+
+
+def counts_at_least(x: torch.Tensor, thresholds: list[float], among: torch.Tensor | None = None) -> list[int]:
+    """For each threshold t (in the given order), how many entries have |x| >= t and x != 0, read
+    on the host: one pass over x and one host sync for all of them. ``among`` (positions known to
+    hold every entry that passes the lowest threshold: a selection at or below it) restricts the
+    count to those few entries, no pass over x at all.
+
+    On a GPU the pass is one ``bucketize`` against the thresholds and their negatives, then a
+    histogram. On the CPU, where torch's bucketize is slow, numpy counts the thresholds from the
+    lowest, and continues on the (sorted) entries that pass once a threshold leaves few."""
     flat = x.reshape(-1)
+    if among is not None:
+        flat = flat[among]
     dtype = flat.dtype
     rounded = [max(in_dtype(t, dtype), _tiny(dtype)) for t in thresholds]
     ts = sorted(set(rounded))
-    m = len(ts)
+    per = _counts_cpu(flat, ts) if _numpy(flat) else _counts_bucketize(flat, ts).tolist()
+    at = dict(zip(ts, per, strict=True))
+    return [at[t] for t in rounded]
+
+
+def _counts_cpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
+    """Counts of |x| >= t for ascending ``ts`` on the CPU (NaN passes, as the masks let it). Its
+    ``.numpy()`` stands for the one host read of the GPU's counts."""
+    a = np.abs((flat.float() if flat.dtype == torch.bfloat16 else flat).numpy())
+    n, work, out = a.size, None, []
+    below = np.empty(n, dtype=bool)
+    for t in ts:
+        if work is None:
+            np.less(a, t, out=below)
+            count = n - int(np.count_nonzero(below))
+            if count <= COMPACT_FRACTION * n:  # later thresholds: among these few only
+                work = np.sort(a[~below])
+        else:
+            count = work.size - int(np.searchsorted(work, t, side="left"))
+        out.append(count)
+    return out
+
+
+def _counts_bucketize(flat: torch.Tensor, ts: list[float]) -> torch.Tensor:
+    """Counts of |x| >= t for ascending ``ts`` in one bucketize pass (on x's device)."""
+    dtype, m = flat.dtype, len(ts)
     # With right=True, bucketize counts the boundaries <= x: x >= t_j passes the j-th positive
     # boundary; x <= -t_j is x < -(value below t_j), which a negative boundary there separates.
     bounds = [-_step(t, dtype, 0.0) for t in reversed(ts)] + ts
@@ -170,14 +258,9 @@ def counts_at_least(x: torch.Tensor, thresholds: list[float]) -> torch.Tensor:
     high = hist.flip(0).cumsum(0).flip(0)  # high[i]: entries in slots >= i
     low = hist.cumsum(0)  # low[i]: entries in slots <= i
     j = torch.arange(m, device=flat.device)
-    per = high[m + 1 + j] + low[m - 1 - j]  # ascending thresholds
-    if rounded == ts:
-        return per
-    if rounded == ts[::-1]:
-        return per.flip(0)
-    return per[host_values([ts.index(t) for t in rounded], torch.int64, flat.device)]
+    return high[m + 1 + j] + low[m - 1 - j]
 
 
-def counts_above(x: torch.Tensor, thresholds: list[float]) -> torch.Tensor:
-    """For each threshold t, how many entries have |x| > t (one pass)."""
-    return counts_at_least(x, [next_up(t, x.dtype) if t >= 0 else 0.0 for t in thresholds])
+def counts_above(x: torch.Tensor, thresholds: list[float], among: torch.Tensor | None = None) -> list[int]:
+    """For each threshold t, how many entries have |x| > t (as :func:`counts_at_least`)."""
+    return counts_at_least(x, [next_up(t, x.dtype) if t >= 0 else 0.0 for t in thresholds], among)

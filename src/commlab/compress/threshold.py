@@ -18,8 +18,9 @@ fewer than ``lower``·k pass, the exact threshold is computed at that step. Eith
 [lower·k, cap·k], and ties at an exact threshold are trimmed to the cap.
 
 A reused step costs one mask and one compaction (:mod:`commlab.compress.scan`: no |x| buffer,
-the count is the compaction's length, one host sync); only a guard raise adds one pass that
-counts every raised threshold at once and a second compaction. Selection keeps the entries with
+the count is the compaction's length, one host sync); a guard raise counts every raised
+threshold at once among the entries already selected (no pass over the tensor) and compacts
+once more. Selection keeps the entries with
 |x| >= threshold and x != 0: at density 1 (threshold 0) that is
 every non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
 of candidates the exact threshold is 0 (everything non-zero passes).
@@ -35,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from commlab.compress.scan import counts_at_least, select_at_least
+from commlab.compress.scan import Scratch, counts_at_least, select_at_least
 from commlab.registry import SELECTORS
 
 
@@ -96,7 +97,7 @@ class ThresholdEstimator:
 
     A reused step selects with one mask and one compaction (:mod:`commlab.compress.scan`), which
     also gives the count; the guard, when that count is too high, counts all its raised
-    thresholds in one pass and compacts once more."""
+    thresholds among the selected entries and compacts once more."""
 
     def __init__(self, options: ThresholdOptions | None = None):
         self.options = options or ThresholdOptions()
@@ -104,6 +105,7 @@ class ThresholdEstimator:
         self.value: float | None = None
         self.exact_computations = 0
         self.recomputes = 0  # exact thresholds forced by the cap (count out of [lower*k, cap*k])
+        self.scratch = Scratch()  # mask buffers reused from step to step
 
     def due(self, step: int) -> bool:
         """Whether ``step`` (counted from 0) recomputes the exact threshold."""
@@ -114,22 +116,23 @@ class ThresholdEstimator:
         self.exact_computations += 1
         return self.value
 
-    def _guard(self, x: torch.Tensor, count: int, k: int) -> float | None:
-        """The raised threshold when ``count`` entries passing the reused one are more than
+    def _guard(self, x: torch.Tensor, passing: torch.Tensor, k: int) -> float | None:
+        """The raised threshold when the entries ``passing`` the reused one are more than
         guard_factor*k (None: no raise): each raise by guard_scale, at most guard_loops, stopping
-        at the first that lets at most guard_factor*k pass; all counted in one pass."""
+        at the first that lets at most guard_factor*k pass; all counted among ``passing`` (every
+        raise keeps fewer), with no pass over x."""
         o, thr = self.options, self.value
-        if not o.guard_loops or thr <= 0 or count <= o.guard_factor * k:
+        if not o.guard_loops or thr <= 0 or passing.numel() <= o.guard_factor * k:
             return None
         candidates = raised(thr, o.guard_scale, o.guard_loops)
-        counts = counts_at_least(x, candidates).tolist()
+        counts = counts_at_least(x, candidates, among=passing)
         return candidates[first_within(counts, lambda c: c <= o.guard_factor * k)]
 
     def guarded(self, magnitudes: torch.Tensor, k: int) -> float:
         """The reused threshold, raised while more than guard_factor*k entries would pass."""
         thr = self.value
         if thr > 0:
-            thr = self._guard(magnitudes, int(counts_at_least(magnitudes, [thr])[0]), k) or thr
+            thr = self._guard(magnitudes, select_at_least(magnitudes, thr), k) or thr
         self.value = thr
         return thr
 
@@ -145,13 +148,13 @@ class ThresholdEstimator:
         if self.options.cap:
             return self._select_capped(x, k, step)
         if self.due(step):
-            idx = select_at_least(x, self.set_exact(kth_largest(x.abs(), k)))
+            idx = select_at_least(x, self.set_exact(kth_largest(x.abs(), k)), self.scratch)
         else:
-            idx = select_at_least(x, self.value)
-            thr = self._guard(x, idx.numel(), k)
+            idx = select_at_least(x, self.value, self.scratch)
+            thr = self._guard(x, idx, k)
             if thr is not None:
                 self.value = thr
-                idx = select_at_least(x, thr)
+                idx = select_at_least(x, thr, self.scratch)
         self.observe(idx.numel(), k)
         return idx
 
@@ -166,15 +169,15 @@ class ThresholdEstimator:
         aim = max(1, math.ceil((o.lower + o.cap) / 2 * k))
         due = self.due(step)
         if due:
-            idx = select_at_least(x, self.set_exact(kth_largest(x.abs(), k)))
+            idx = select_at_least(x, self.set_exact(kth_largest(x.abs(), k)), self.scratch)
         else:
-            idx = select_at_least(x, self.value)
+            idx = select_at_least(x, self.value, self.scratch)
             if idx.numel() < o.lower * k and k < x.numel():
                 self.recomputes += 1
                 self.exact_computations += 1
                 top = torch.topk(x.reshape(-1).abs(), k, sorted=True).values
                 self.value, last = top[[aim - 1, k - 1]].tolist()
-                idx = select_at_least(x, last)
+                idx = select_at_least(x, last, self.scratch)
         if idx.numel() > cap:   # ties at an exact threshold, or a reused one fallen behind
             top = torch.topk(x.reshape(-1)[idx].abs(), cap, sorted=True)
             idx = torch.sort(idx[top.indices]).values

@@ -31,16 +31,17 @@ from __future__ import annotations
 
 import torch
 
-from commlab.compress.scan import counts_above, magnitude_stats, select_above
+from commlab.compress.scan import Scratch, counts_above, magnitude_stats, select_above
 from commlab.registry import SELECTORS
 
 RATIOS = tuple(i / 10 for i in range(9, -1, -1))  # 0.9, 0.8, ..., 0.0 as in the release
 
 
-def trimmed_topk(x: torch.Tensor, k: int, ratios: tuple[float, ...] = RATIOS) -> torch.Tensor:
+def trimmed_topk(x: torch.Tensor, k: int, ratios: tuple[float, ...] = RATIOS,
+                 scratch: Scratch | None = None) -> torch.Tensor:
     """Indices (int64) of the ``k`` entries of ``x.view(-1)`` with the largest |x|.
 
-    ``ratios`` must decrease."""
+    ``ratios`` must decrease; ``scratch`` lends reusable mask buffers."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     if k >= x.numel():
@@ -50,10 +51,10 @@ def trimmed_topk(x: torch.Tensor, k: int, ratios: tuple[float, ...] = RATIOS) ->
         # The release scans r = 0.9, 0.8, ... and stops at the first r leaving >= k survivors
         # (|v| > thr): all ten counted in one pass, the first that has enough is the release's r.
         thresholds = [mean + r * (top - mean) for r in ratios]
-        counts = counts_above(flat, thresholds).tolist()
+        counts = counts_above(flat, thresholds)
         first = next((i for i, c in enumerate(counts) if c >= k), None)
         if first is not None:
-            survivors = select_above(flat, thresholds[first])
+            survivors = select_above(flat, thresholds[first], scratch)
             best = torch.topk(flat[survivors].abs(), k, sorted=False).indices
             return survivors[best]
     # Fewer than k entries above the mean (or all magnitudes equal): select on the whole tensor.
@@ -62,9 +63,12 @@ def trimmed_topk(x: torch.Tensor, k: int, ratios: tuple[float, ...] = RATIOS) ->
 
 @SELECTORS.register("trimmed_topk")
 class TrimmedTopk:
-    """:func:`trimmed_topk` (stateless)."""
+    """:func:`trimmed_topk` with mask buffers reused between calls (no other state)."""
 
     exact_count = True  # returns exactly min(k, n) indices (the count every rank can know)
 
+    def __init__(self):
+        self.scratch = Scratch()
+
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        return trimmed_topk(x, k)
+        return trimmed_topk(x, k, scratch=self.scratch)
