@@ -19,8 +19,8 @@ fewer than ``lower``·k pass, the exact threshold is computed at that step. Eith
 
 A reused step costs one mask and one compaction (:mod:`commlab.compress.scan`: no |x| buffer,
 the count is the compaction's length, one host sync); a guard raise counts every raised
-threshold at once among the entries already selected (no pass over the tensor) and compacts
-once more. Selection keeps the entries with
+threshold at once among the entries already selected and keeps those passing the raised one
+(no pass over the tensor). Selection keeps the entries with
 |x| >= threshold and x != 0: at density 1 (threshold 0) that is
 every non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
 of candidates the exact threshold is 0 (everything non-zero passes).
@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from commlab.compress.scan import Scratch, counts_at_least, select_at_least
+from commlab.compress.scan import Scratch, at_least, compact, counts_at_least, select_at_least
 from commlab.registry import SELECTORS
 
 
@@ -97,7 +97,7 @@ class ThresholdEstimator:
 
     A reused step selects with one mask and one compaction (:mod:`commlab.compress.scan`), which
     also gives the count; the guard, when that count is too high, counts all its raised
-    thresholds among the selected entries and compacts once more."""
+    thresholds among the selected entries and keeps those that pass the raise."""
 
     def __init__(self, options: ThresholdOptions | None = None):
         self.options = options or ThresholdOptions()
@@ -152,9 +152,9 @@ class ThresholdEstimator:
         else:
             idx = select_at_least(x, self.value, self.scratch)
             thr = self._guard(x, idx, k)
-            if thr is not None:
+            if thr is not None:  # a raise keeps a subset of the selection: no second pass over x
                 self.value = thr
-                idx = select_at_least(x, thr, self.scratch)
+                idx = idx[compact(at_least(x.reshape(-1)[idx], thr))]
         self.observe(idx.numel(), k)
         return idx
 
