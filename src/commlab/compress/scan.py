@@ -202,8 +202,8 @@ def _histogram(slots: torch.Tensor, bins: int) -> torch.Tensor:
     if slots.device.type == "cpu":
         return torch.bincount(slots, minlength=bins)
     # bincount sizes its output from the data on a GPU (a host sync); an integer index_add does not
-    return torch.zeros(bins, dtype=torch.int64, device=slots.device).index_add_(
-        0, slots, torch.ones_like(slots, dtype=torch.int64))
+    ones = torch.ones((), dtype=torch.int64, device=slots.device).expand(slots.numel())
+    return torch.zeros(bins, dtype=torch.int64, device=slots.device).index_add_(0, slots, ones)
 
 
 COMPACT_FRACTION = 1 / 64  # the CPU's counts continue on the entries passing a threshold this selective
@@ -253,7 +253,7 @@ def _counts_bucketize(flat: torch.Tensor, ts: list[float]) -> torch.Tensor:
     # With right=True, bucketize counts the boundaries <= x: x >= t_j passes the j-th positive
     # boundary; x <= -t_j is x < -(value below t_j), which a negative boundary there separates.
     bounds = [-_step(t, dtype, 0.0) for t in reversed(ts)] + ts
-    slots = torch.bucketize(flat, host_values(bounds, dtype, flat.device), right=True)
+    slots = torch.bucketize(flat, host_values(bounds, dtype, flat.device), right=True, out_int32=True)
     hist = _histogram(slots.reshape(-1), 2 * m + 1)
     high = hist.flip(0).cumsum(0).flip(0)  # high[i]: entries in slots >= i
     low = hist.cumsum(0)  # low[i]: entries in slots <= i
