@@ -20,12 +20,12 @@ def _read(path):
 
 
 def test_registered():
-    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire", "loader"):
+    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire", "loader", "selection", "syncs"):
         assert name in BENCHMARKS.names()
 
 
 def test_help_exits_cleanly(capsys):
-    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire", "loader"):
+    for name in ("collectives", "throughput", "time_to_accuracy", "scaling", "wire", "loader", "selection", "syncs"):
         with pytest.raises(SystemExit) as exc:
             BENCHMARKS.get(name)(["--help"], None)
         assert exc.value.code == 0

@@ -78,9 +78,12 @@ def checks_on(comm: Communicator) -> dict:
         checks[f"{case}_allgatherv"] = (torch.equal(g_idx, torch.cat([p[0] for p in pairs]))
                                         and torch.equal(g_val, torch.cat([p[1] for p in pairs]))
                                         and counts == [rows_of(r) for r in range(world)])
+        # one count per rank, then the largest contribution's packed pairs from every rank: 2
+        # elements per pair, in int64 words (float64 values), the padding of the smaller ones counted
+        widest = max(rows_of(r) for r in range(world))
         checks[f"{case}_allgatherv_bytes"] = (
-            e1 - e0 == (world - 1) * (1 + 2 * idx.numel())
-            and b1 - b0 == (world - 1) * (8 + idx.numel() * (4 + 8)))
+            e1 - e0 == (world - 1) * (1 + 2 * widest)
+            and b1 - b0 == (world - 1) * (8 + widest * 16))
         bal_idx, bal_val, _ = allgather_balanced(comm, idx, val, n)
         checks[f"{case}_balanced"] = torch.equal(bal_idx, g_idx) and torch.equal(bal_val, g_val)
 
@@ -101,8 +104,11 @@ def checks_on(comm: Communicator) -> dict:
                 ok = torch.equal(r_idx, want) and torch.equal(r_val, total[want])
                 checks[f"{case}_{name}_{schedule}_split_reduce"] = ok
                 away = int(((idx < lo) | (idx >= hi)).sum())
+                # counts, then the pairs for other regions: packed in int64 words (16 bytes a pair)
+                # by the all_to_all, an int32 index and a float64 value (12 bytes) by the rounds
+                pair_bytes = 16 if schedule == "alltoall" else 12
                 checks[f"{case}_{name}_{schedule}_split_bytes"] = (
-                    e1 - e0 == (world - 1) + 2 * away and b1 - b0 == 8 * (world - 1) + 12 * away)
+                    e1 - e0 == (world - 1) + 2 * away and b1 - b0 == 8 * (world - 1) + pair_bytes * away)
             s_idx, order = torch.sort(idx)
             r_idx, r_val = split_and_reduce(comm, s_idx, val[order], bounds, sorted_indices=True)
             checks[f"{case}_{name}_sorted_split_reduce"] = torch.equal(r_idx, want) and torch.equal(r_val, total[want])

@@ -16,7 +16,6 @@ import torch
 
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
 from commlab.compress.gaussiank import GaussianOptions, gaussian_select
-from commlab.compress.threshold import magnitudes_into
 from commlab.core.sparse import allgatherv_pairs, reduce_pairs
 from commlab.registry import ALGORITHMS
 
@@ -43,12 +42,10 @@ class GaussianK(SparseAlgorithm):
     def setup_sparse(self) -> None:
         self.selector_options = self.options.selector()
         self.threshold = 0.0
-        self.mags: torch.Tensor | None = None  # |acc| buffer reused between steps
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         with self.selecting() as box:
-            self.mags = magnitudes_into(acc, self.mags)
-            idx, self.threshold = gaussian_select(acc, self.k, self.selector_options, self.mags)
+            idx, self.threshold = gaussian_select(acc, self.k, self.selector_options)
             box[0] = idx.numel()
         self.note("local_selected", idx.numel())
         with self.phase("allgather"):

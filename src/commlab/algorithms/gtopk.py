@@ -31,7 +31,7 @@ from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, Spa
 from commlab.compress.base import index_dtype
 from commlab.compress.topk import exact_topk
 from commlab.core.communicator import Communicator
-from commlab.core.sparse import reduce_pairs
+from commlab.core.sparse import Pairs, reduce_pairs, wire_dtype
 from commlab.registry import ALGORITHMS
 
 
@@ -48,24 +48,21 @@ def merge_topk(a_idx: torch.Tensor, a_val: torch.Tensor, b_idx: torch.Tensor, b_
 def tree_topk(comm: Communicator, idx: torch.Tensor, val: torch.Tensor, k: int, n: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reduce every rank's k pairs up a binary tree to rank 0 (the others return their last
-    message's pairs, unused). Every message is exactly k indices and k values."""
+    message's pairs, unused). Every message is exactly k pairs, indices and values packed in
+    one integer tensor (:class:`~commlab.core.sparse.Pairs`)."""
     p, me = comm.size, comm.rank
-    wire = index_dtype(n)
     for r in range(math.ceil(math.log2(p)) if p > 1 else 0):
         s = 2 ** r
         if me % s:
             break                                   # left the tree in an earlier round
         if (me // s) % 2 == 1:
-            comm.send(idx.to(wire), me - s)
-            comm.stats.relabel_last("gtopk_tree_indices")
-            comm.send(val, me - s)
-            comm.stats.relabel_last("gtopk_tree_values")
+            comm.send(Pairs.pack(idx, val, n).packed, me - s)
+            comm.stats.relabel_last("gtopk_tree_pairs")
             break
         if me + s < p:
-            o_idx = comm.recv(torch.empty(k, dtype=wire, device=val.device), me + s)
-            comm.stats.relabel_last("gtopk_tree_indices")
-            o_val = comm.recv(torch.empty(k, dtype=val.dtype, device=val.device), me + s)
-            comm.stats.relabel_last("gtopk_tree_values")
+            got = comm.recv(torch.empty((k, 2), dtype=wire_dtype(n, val.dtype), device=val.device), me + s)
+            comm.stats.relabel_last("gtopk_tree_pairs")
+            o_idx, o_val = Pairs(got, val.dtype).unpack()
             idx, val = merge_topk(idx, val, o_idx, o_val, k)
     return idx, val
 
@@ -89,20 +86,23 @@ class GlobalTopk(SparseAlgorithm):
         with self.phase("tree"):
             t_idx, t_val = tree_topk(self.comm, idx, acc[idx], k, n)
         with self.phase("broadcast"):
-            g_idx = self.comm.broadcast(t_idx.to(index_dtype(n)).contiguous(), src=0).long()
-            self.comm.stats.relabel_last("gtopk_broadcast_indices")
             if self.options.exact_values:
+                g_idx = self.comm.broadcast(t_idx.to(index_dtype(n)).contiguous(), src=0).long()
+                self.comm.stats.relabel_last("gtopk_broadcast_indices")
                 mine = torch.zeros(n, dtype=torch.bool, device=acc.device)
                 mine[idx] = True
                 g_val = torch.where(mine[g_idx], acc[g_idx], torch.zeros_like(acc[g_idx]))
                 self.comm.all_reduce(g_val, op="sum")
                 self.comm.stats.relabel_last("gtopk_allreduce_values")
-            else:
-                g_val = self.comm.broadcast(t_val.contiguous(), src=0)
-                self.comm.stats.relabel_last("gtopk_broadcast_values")
+            else:  # rank 0's k pairs, packed in one message
+                every = self.comm.broadcast(Pairs.pack(t_idx, t_val, n).packed, src=0)
+                self.comm.stats.relabel_last("gtopk_broadcast_pairs")
+                g_idx, g_val = Pairs(every, t_val.dtype).unpack()
         order = torch.argsort(g_idx)
         g_idx, g_val = g_idx[order], g_val[order]
         in_global = torch.zeros(n, dtype=torch.bool, device=acc.device)
         in_global[g_idx] = True
+        applied = torch.zeros_like(in_global)  # this rank's top-k entries that made the global top-k
+        applied[idx] = in_global[idx]
         self.note("global_selected", g_idx.numel())
-        return SparseUpdate(g_idx, g_val / self.comm.size, idx[in_global[idx]])
+        return SparseUpdate(g_idx, g_val / self.comm.size, applied)

@@ -38,21 +38,43 @@ gradients at P = 8 a rank sends up to 17k elements in one step. ``threshold_cont
   when more than k pass the reused threshold the exact top-k of those is taken, when fewer than
   3k/4 pass the exact threshold; ties trimmed), so split-and-reduce sends at most 2k + (P-1)
   count elements;
-* global: one allgather of every rank's (kept count, elements sent so far); every rank then knows
-  the busiest rank's spend s and sets the cap K <= k on the kept total so that
-  s + 3(P-1) + probes + 4K(P-1)/P + 2P < 6k. When due (tau'), or when the reused threshold keeps
-  a total outside [3k/4, K], the threshold is recomputed by
-  :func:`~commlab.compress.bounded.distributed_threshold` (bisection, single-count allreduces,
-  <= 66 elements for float32; exactly the top-K when due, else a total in the middle half of
-  [3k/4, K] so that a drifting count stays in the band) instead of allgathering the regions;
+* global: one allgather of a count table: every rank's kept count, elements sent so far, where
+  its non-zero reduced values lie (their number, largest and smallest bit patterns) and, once a
+  global threshold exists, its histogram around it (``window_bins`` slices of 1/32 octave,
+  +-1 octave: :class:`~commlab.compress.bounded.Window`). Every rank then knows the busiest
+  rank's spend s and sets the cap K <= k on the kept total so that
+  s + table + probes + 4K(P-1)/P + 2P < 6k. When due (tau'), or when the reused threshold keeps
+  a total outside [3k/4, K], the threshold is recomputed, aiming at exactly the top-K when due,
+  else at a total in the middle half of [3k/4, K] (so that a drifting count stays in the band):
+  from the table alone when an edge of the gathered histograms has a count in that band (every
+  rank's count at the edge is in the table too: no collective), else by
+  :func:`~commlab.compress.bounded.distributed_threshold` (a radix search on the values' bit
+  patterns, started in the histogram's slice where the count crosses the cap: one allreduce of
+  ``bins`` counts per round, at most 4 rounds for float32 with 256 bins) and one allgather of
+  the new counts, instead of allgathering the regions. ``bins`` is the most (up to 256) whose
+  rounds over the gathered spread cost at most k/2 elements, so a small k gets more, cheaper
+  rounds; the cap reserves that search's worst case only on a step that may run one, and when
+  every non-zero entry fits under the cap the threshold is 0 with no search at all;
 * allgather: the kept pairs, balanced first (surplus <= 2(K - floor(K/P)), then equal slices
-  2(P-1)ceil(K/P): <= 4K(P-1)/P + 2P in all) unless the plain allgatherv (2(P-1) times a rank's
-  count) is cheaper for the busiest rank; every rank knows every count, so all choose alike.
+  2(P-1)ceil(K/P): <= 4K(P-1)/P + 2P in all) unless the plain allgatherv (2(P-1) times the
+  largest count, every slice padded to it) is cheaper for the busiest rank; every rank knows
+  every count, so all choose alike.
 
 Hence V <= 2k + 4k(P-1)/P + O(P) and, whatever P and the data, V < 6k. K = k unless k is small
 against P (the O(P) count and probe terms): with the tiny MLP's k = 509 at P = 32 the cap is
-0.92-0.97k; entries not kept stay in the residuals. With exact thresholds every step both controls compute the same
+0.8-0.97k; entries not kept stay in the residuals. With exact thresholds every step both controls compute the same
 update (tests/test_oktopk_reference.py).
+
+**Messages and host syncs** (docs/performance.md). Indices and values travel packed in one
+integer message (:class:`~commlab.core.sparse.Pairs`). A typical bounded step is four
+collectives (the split's counts and pairs, the count table, the allgather; a fifth when
+balancing) and four host reads: the local selection's compaction, the split's counts (sent and
+received, read together), the reduction's unique indices and the table (the kept entries'
+positions need none: their number is in the table). A recompute answered by the table costs
+nothing more; a search adds one collective and one read per round and one for the new counts.
+Metrics: ``recompute_steps`` is the fraction of sparse steps that recomputed a threshold (exact
+or corrected, local or global) or re-split the regions, ``window_answers`` the fraction whose
+global threshold the table's histograms answered.
 """
 
 from __future__ import annotations
@@ -62,10 +84,21 @@ from dataclasses import dataclass
 import torch
 
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
-from commlab.compress.bounded import distributed_threshold, probe_cost_bound
-from commlab.compress.threshold import ThresholdEstimator, ThresholdOptions, magnitudes_into, passing
+from commlab.compress.bounded import (
+    SPREAD_FIELDS,
+    Spread,
+    Window,
+    bins_within,
+    distributed_threshold,
+    local_spread,
+    probe_cost_bound,
+)
+from commlab.compress.scan import at_least, compact, from_bits
+from commlab.compress.threshold import ThresholdEstimator, ThresholdOptions
 from commlab.core.sparse import (
     SCHEDULES,
+    Pairs,
+    Regions,
     allgather_equal,
     allgatherv_pairs,
     balance_pairs,
@@ -77,6 +110,19 @@ from commlab.core.sparse import (
 from commlab.registry import ALGORITHMS
 
 CONTROLS = ("bounded", "release")
+TABLE_FIELDS = 2 + SPREAD_FIELDS  # per rank: kept count, spread, elements sent so far (then the window)
+
+
+def window_bins(k: int, p: int) -> int:
+    """Slices of the histogram around the global threshold that every rank adds to the count
+    table: the most (a power of two, at most 64) costing at most k/8 elements per step; 0 (no
+    window) where fewer than 8 would fit, or alone."""
+    if p == 1:
+        return 0
+    bins = 64
+    while bins >= 8 and (bins + 1) * (p - 1) > k / 8:
+        bins //= 2
+    return bins if bins >= 8 else 0
 
 
 @ALGORITHMS.register("oktopk")
@@ -137,23 +183,25 @@ class OkTopk(SparseAlgorithm):
     def setup_sparse(self) -> None:
         self.local = ThresholdEstimator(self.options.local_thresholds())
         self.global_ = ThresholdEstimator(self.options.global_thresholds())
-        self.boundaries = equal_boundaries(self.n, self.comm.size)
-        self.mags: torch.Tensor | None = None  # |acc| buffer reused between steps
+        self.regions = Regions(equal_boundaries(self.n, self.comm.size))
+        self.window_bins = window_bins(self.k, self.comm.size)
 
     # ---- one step ------------------------------------------------------------------------------
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         o, k = self.options, self.k
+        marks = (self.local.exact_computations, self.local.recomputes, self.global_.exact_computations,
+                 self.window["global_recomputes"])
         with self.selecting() as box:
-            self.mags = magnitudes_into(acc, self.mags)
-            selected = self.local.select(acc, self.mags, k, step)    # guarded, then nudged
+            selected = self.local.select(acc, k, step)    # guarded (or capped), then nudged
             box[0] = selected.numel()
         self.note("local_selected", selected.numel())
 
-        if step % o.repartition_every == 0:
+        repartition = step % o.repartition_every == 0
+        if repartition:
             with self.phase("repartition"):
-                self.boundaries = balanced_boundaries(self.comm, selected, self.n)
+                self.regions = Regions(balanced_boundaries(self.comm, selected, self.n))
         with self.phase("split"):
-            r_idx, r_val = split_and_reduce(self.comm, selected, acc[selected], self.boundaries,
+            r_idx, r_val = split_and_reduce(self.comm, selected, acc[selected], self.regions,
                                             sorted_indices=True, schedule=o.schedule)
         self.note("region_reduced", r_idx.numel())
 
@@ -166,11 +214,16 @@ class OkTopk(SparseAlgorithm):
             g_idx, g_val = self._thresholded_global(r_idx, r_val)
             self.global_.observe(g_idx.numel(), k)
         self.note("global_selected", g_idx.numel())
+        after = (self.local.exact_computations, self.local.recomputes, self.global_.exact_computations,
+                 self.window["global_recomputes"])
+        self.note("recompute_steps", float(repartition or after != marks))
 
-        # eps keeps acc except where this rank sent the entry and it was kept globally.
+        # eps keeps acc except where this rank sent the entry and it was kept globally: a mask
+        # over acc (no compaction, no host sync).
         kept = torch.zeros(self.n, dtype=torch.bool, device=acc.device)
         kept[g_idx] = True
-        applied = selected[kept[selected]]
+        applied = torch.zeros_like(kept)
+        applied[selected] = kept[selected]
         return SparseUpdate(g_idx, g_val / self.comm.size, applied)
 
     def _exact_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,12 +231,11 @@ class OkTopk(SparseAlgorithm):
         with self.phase("allgather"):
             all_idx, all_val, _ = allgatherv_pairs(self.comm, r_idx, r_val, self.n)
         with self.selecting():
-            mags = all_val.abs()
-            if self.k >= mags.numel():
-                keep = torch.nonzero(all_val).view(-1)
+            if self.k >= all_val.numel():
+                keep = compact(all_val != 0)
                 self.global_.set_exact(0.0)
             else:
-                top = torch.topk(mags, self.k, sorted=False)
+                top = torch.topk(all_val.abs(), self.k, sorted=False)
                 keep = torch.sort(top.indices).values   # regions come in index order: stay sorted
                 keep = keep[all_val[keep] != 0]
                 self.global_.set_exact(float(top.values.min()))
@@ -194,39 +246,45 @@ class OkTopk(SparseAlgorithm):
         """Bounded control: keep at most ``cap`` (<= k) reduced entries in all, chosen by a threshold
         recomputed (without moving values) when due or when the reused one leaves [lower*k, cap];
         then allgather them, balanced when that is cheaper for the busiest rank."""
-        p, k, dev = self.comm.size, self.k, r_val.device
+        p, k, me = self.comm.size, self.k, self.comm.rank
+        thr = self.global_.value
+        window = Window.around(thr, r_val.dtype, self.window_bins) if thr is not None and self.window_bins else None
         with self.selecting():
-            mags = r_val.abs()
-            thr = self.global_.value
-            keep = passing(r_val, mags, thr) if thr is not None else torch.zeros_like(mags, dtype=torch.bool)
-        with self.phase("allgather"):  # every rank's kept count and volume so far, in one allgather
-            # host-side: two counts, read on the host right after (gathered on the communicator's device)
-            mine = torch.tensor([int(keep.sum()), self.step_sent()], dtype=torch.int64)
+            keep = at_least(r_val, thr) if thr is not None else torch.zeros_like(r_val, dtype=torch.bool)
+        with self.phase("allgather"):
+            # one allgather, read on the host once: every rank's kept count, the spread of its
+            # non-zero values (which starts a threshold search), the elements it sent so far, and
+            # its histogram around the threshold (which answers most searches at once)
+            parts = [keep.sum().reshape(1), local_spread(r_val),
+                     torch.full((1,), self.step_sent(), dtype=torch.int64, device=r_val.device)]
+            mine = torch.cat(parts + ([window.local_counts(r_val)] if window else []))
+            table = self.comm.all_gather(mine.to(self.comm.device)).tolist() if p > 1 else [mine.tolist()]
             if p > 1:
-                mine = self.comm.all_gather(mine.to(self.comm.device)).cpu()
                 self.comm.stats.relabel_last("sparse_counts")
-            table = mine.view(p, 2)
-        counts, spent = table[:, 0].tolist(), int(table[:, 1].max())
-        cap = self._global_cap(spent, r_val.dtype)
+        counts = [row[0] for row in table]
+        spent = max(row[TABLE_FIELDS - 1] for row in table)
+        spread = Spread.combine([row[1:1 + SPREAD_FIELDS] for row in table])
         due = self.global_.due(step)
+        cap = self._global_cap(spent, probes=0, window=window)  # no search this step: none reserved
         low = int(min(self.options.band_lower * k, cap))
         if due or not low <= sum(counts) <= cap:
-            # due: the exact top-cap; otherwise the middle half of the band, so that a count
-            # drifting up stays in the band for a while
-            quarter = (cap - low) // 4
-            with self.phase("threshold"):
-                thr = distributed_threshold(self.comm, r_val, cap - (0 if due else quarter),
-                                            cap if due else low + quarter)
+            if spread.nonzero <= cap:  # every non-zero entry fits: threshold 0, no search, counts known
+                thr, counts = 0.0, [row[1] for row in table]
+            else:
+                thr, counts = self._recompute(r_val, table, window, spread, spent, due)
             if due:
                 self.global_.set_exact(thr)
                 self.note("exact_global_steps", 1)
             else:
                 self.global_.value = thr
                 self.note("global_recomputes", 1)
-            keep = passing(r_val, mags, thr)
-            with self.phase("allgather"):
-                counts = gather_counts(self.comm, int(keep.sum()), dev) if p > 1 else [int(keep.sum())]
-        s_idx, s_val = r_idx[keep], r_val[keep]
+            keep = at_least(r_val, thr)
+            if counts is None:
+                with self.phase("allgather"):
+                    counts = gather_counts(self.comm, int(keep.sum()), r_val.device) if p > 1 else [int(keep.sum())]
+        # this rank's kept count is known on the host: positions without another host read
+        where = torch.nonzero_static(keep, size=counts[me]).view(-1)
+        s_idx, s_val = r_idx[where], r_val[where]
         total = sum(counts)
         if p == 1 or total == 0:
             return s_idx, s_val
@@ -239,29 +297,55 @@ class OkTopk(SparseAlgorithm):
                 g_idx, g_val, _ = allgatherv_pairs(self.comm, s_idx, s_val, self.n, counts)
             return g_idx, g_val
         with self.phase("balance"):
-            b_idx, b_val, owned = balance_pairs(self.comm, s_idx, s_val, self.n, counts)
+            slices, owned = balance_pairs(self.comm, Pairs.pack(s_idx, s_val, self.n), counts)
         with self.phase("allgather"):
-            return allgather_equal(self.comm, b_idx, b_val, owned)
+            return allgather_equal(self.comm, slices, owned)
 
-    def _global_cap(self, spent: int, dtype: torch.dtype) -> int:
+    def _recompute(self, r_val: torch.Tensor, table: list[list[int]], window: Window | None, spread: Spread,
+                   spent: int, due: bool) -> tuple[float, list[int] | None]:
+        """The new global threshold and, when the table already holds them, every rank's count at
+        it (None: gather them). The cap reserves the worst case of a search over the spread; an
+        edge of the gathered window histogram whose count is in the band answers without one."""
+        p, k = self.comm.size, self.k
+        bins = bins_within(k / 2, r_val.dtype, p, spread)
+        cap = self._global_cap(spent, probes=probe_cost_bound(r_val.dtype, p, bins, spread) + (p - 1), window=window)
+        low = int(min(self.options.band_lower * k, cap))
+        quarter = (cap - low) // 4
+        # due: the exact top-cap; otherwise the middle half of the band (a drifting count stays in it)
+        k_max, k_min = cap - (0 if due else quarter), cap if due else low + quarter
+        start = None
+        if window is not None:
+            ranks = [window.at_edges(row[TABLE_FIELDS:]) for row in table]
+            every = [sum(col) for col in zip(*ranks, strict=True)]
+            fits = [j for j, c in enumerate(every) if k_min <= c <= k_max]
+            if fits:
+                best = min(fits, key=lambda j: (abs(every[j] - (k_min + k_max) / 2), -j))
+                self.note("window_answers", 1)
+                return from_bits(window.edges[best], r_val.dtype), [counts[best] for counts in ranks]
+            start = window.start(every, k_max, spread)
+        with self.phase("threshold"):
+            return distributed_threshold(self.comm, r_val, k_max, k_min, bins=bins, spread=spread, start=start), None
+
+    def _global_cap(self, spent: int, probes: int, window: Window | None = None) -> int:
         """Largest total of kept entries whose allgather keeps every rank below the budget.
 
         A rank that had sent ``spent`` elements before the count table then sends at most: the
-        table 2(P-1), the threshold probes, a count allgather (P-1), its balance surplus
-        2(K - floor(K/P)) and the allgather of the balanced slices 2(P-1)ceil(K/P); all together
-        <= 4K(P-1)/P + 2P + 3(P-1) + probes."""
+        table (TABLE_FIELDS + the window's bins + 1 per rank to P-1 ranks), ``probes`` (a threshold
+        search and its count allgather, when one runs), its balance surplus 2(K - floor(K/P)) and
+        the allgather of the balanced slices 2(P-1)ceil(K/P): all together <= 4K(P-1)/P + 2P + the
+        rest."""
         p, k = self.comm.size, self.k
         if p == 1:
             return k
-        left = (self.options.volume_budget * k - 1 - spent - 3 * (p - 1) - probe_cost_bound(dtype, p)
-                - 2 * p)
+        table = (TABLE_FIELDS + (window.bins + 1 if window else 0)) * (p - 1)
+        left = self.options.volume_budget * k - 1 - spent - table - probes - 2 * p
         return max(0, min(k, int(left * p // (4 * (p - 1)))))
 
     def _thresholded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep this region's reduced entries above the reused global threshold; allgather them."""
         with self.selecting():
-            keep = passing(r_val, r_val.abs(), self.global_.value)
-            s_idx, s_val = r_idx[keep], r_val[keep]
+            where = compact(at_least(r_val, self.global_.value))
+            s_idx, s_val = r_idx[where], r_val[where]
         if not self.options.balance:
             with self.phase("allgather"):
                 g_idx, g_val, _ = allgatherv_pairs(self.comm, s_idx, s_val, self.n)
@@ -271,9 +355,9 @@ class OkTopk(SparseAlgorithm):
         if self.comm.size == 1 or sum(counts) == 0:
             return s_idx, s_val
         with self.phase("balance"):
-            b_idx, b_val, owned = balance_pairs(self.comm, s_idx, s_val, self.n, counts)
+            slices, owned = balance_pairs(self.comm, Pairs.pack(s_idx, s_val, self.n), counts)
         with self.phase("allgather"):
-            return allgather_equal(self.comm, b_idx, b_val, owned)
+            return allgather_equal(self.comm, slices, owned)
 
     # ---- reporting and state -------------------------------------------------------------------
     def extra_metrics(self) -> dict[str, float]:
@@ -288,10 +372,10 @@ class OkTopk(SparseAlgorithm):
 
     def method_state(self) -> dict:
         return {"local": self.local.state_dict(), "global": self.global_.state_dict(),
-                "boundaries": list(self.boundaries)}
+                "boundaries": list(self.regions.bounds)}
 
     def load_method_state(self, state: dict) -> None:
         if state:
             self.local.load_state_dict(state["local"])
             self.global_.load_state_dict(state["global"])
-            self.boundaries = list(state["boundaries"])
+            self.regions = Regions(state["boundaries"])

@@ -35,11 +35,13 @@ Q_INIT_STREAM = 43  # offset of the seed of the first Q's generator (shared by e
 
 def orthonormalize_columns(matrix: torch.Tensor, epsilon: float = 0.0) -> torch.Tensor:
     """Gram-Schmidt on the columns of ``matrix`` in place (torch's hook's procedure): each column
-    normalised, then removed from the columns after it. ``epsilon`` guards all-zero columns."""
+    normalised, then removed from the columns after it. ``epsilon`` guards all-zero columns;
+    without it an all-zero column stays zero (divided by 1), decided on the device (no host read
+    per column)."""
     for i in range(matrix.shape[1]):
         col = matrix[:, i:i + 1]
         norm = torch.linalg.vector_norm(col)
-        col /= norm + epsilon if epsilon or norm > 0 else 1.0
+        col /= norm + epsilon if epsilon else torch.where(norm > 0, norm, torch.ones_like(norm))
         if i + 1 < matrix.shape[1]:
             rest = matrix[:, i + 1:]
             rest -= (col * rest).sum(dim=0, keepdim=True) * col

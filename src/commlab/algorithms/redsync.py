@@ -14,9 +14,11 @@ Selectors by layer size (thresholds are options): above ``binary_search_above`` 
 threshold binary search (:mod:`commlab.compress.binary_search`), above ``trimmed_topk_above``
 (1M) trimmed top-k (:mod:`commlab.compress.trimmed_topk`), else exact top-k; layers of at most
 ``dense_at_most`` (1024) elements are averaged dense. All compressed layers of a step travel in
-one allgather of variable length: indices in their own integer tensor (int32 below 2^31 elements
-in all, int64 above; the release packs them into float32, which corrupts indices above 2^24) and
-values in theirs, with the counts gathered once (:func:`commlab.core.sparse.allgatherv_pairs`).
+one allgather of variable length: indices and the values' bit patterns packed in one integer
+message (int32 words below 2^31 elements in all, int64 above; the release packs indices into
+float32, which corrupts them above 2^24), with the counts gathered first
+(:func:`commlab.core.sparse.allgatherv_pairs`) unless every compressed layer's selector returns
+exactly k entries (exact and trimmed top-k), when every rank already knows them.
 
 Our reading, where it departs from the release:
 
@@ -224,9 +226,10 @@ class RedSync(Algorithm):
                  for layer in self.layers]
         if self.options.local_clip is not None:
             limit = self.options.local_clip / math.sqrt(self.comm.size)
-            norm = float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])))
-            if norm > limit:
-                grads = [g * (limit / (norm + 1e-6)) for g in grads]
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+            # on the device (no host read): a factor of 1 below the limit
+            scale = torch.where(norm > limit, limit / (norm + 1e-6), torch.ones_like(norm))
+            grads = [g * scale for g in grads]
         if self.weight_decay:
             grads = [g + self.weight_decay * layer.param.detach().reshape(-1)
                      for g, layer in zip(grads, self.layers, strict=True)]
@@ -298,7 +301,10 @@ class RedSync(Algorithm):
                 out.index_add_(0, part.long(), all_means[rank][which] / p)
         else:
             values = torch.cat([v for _, v in messages])
-            all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, values, self.n_compressed)
+            # selectors that return exactly k give every rank the same, known count
+            known = [values.numel()] * p if all(getattr(layer.selector, "exact_count", False)
+                                                for layer in layers) else None
+            all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, values, self.n_compressed, known)
             # Every rank sums the same pairs on its own: in a canonical order, so that replicas stay
             # bitwise equal (CUDA's index_add_ adds duplicates in no fixed order). Divide the few
             # values, not the dense sum.

@@ -66,7 +66,7 @@ class SparseUpdate:
 
     indices: torch.Tensor | None  # int64 positions of the update; None: dense update in `values`
     values: torch.Tensor  # averaged values at `indices` (or the dense averaged tensor)
-    applied: torch.Tensor | None  # positions of acc that were applied (None: all of acc)
+    applied: torch.Tensor | None  # positions of acc that were applied, or a boolean mask of them (None: all)
 
 
 class SparseAlgorithm(Algorithm):

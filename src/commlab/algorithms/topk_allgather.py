@@ -2,8 +2,8 @@
 PPoPP'22, Table 1; ``topkA`` in Shigangli/Ok-Topk).
 
 Each rank selects the exact top-k of acc = g + eps, all ranks allgather the k (index, value)
-pairs of every rank (one ring allgather per tensor: every rank has exactly k, so no counts are
-exchanged), sum them and divide by P. Everything a rank sent is applied, so its residual is acc
+pairs of every rank (one ring allgather of packed pairs: every rank has exactly k, so no counts
+are exchanged), sum them and divide by P. Everything a rank sent is applied, so its residual is acc
 with its top-k zeroed. Volume per rank: 2k(P-1) elements sent and received, growing with P
 (Ok-Topk's stays below 6k).
 """
@@ -13,9 +13,8 @@ from __future__ import annotations
 import torch
 
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseUpdate
-from commlab.compress.base import index_dtype
 from commlab.compress.topk import exact_topk
-from commlab.core.sparse import reduce_pairs
+from commlab.core.sparse import allgatherv_pairs, reduce_pairs
 from commlab.registry import ALGORITHMS
 
 
@@ -30,11 +29,8 @@ class TopkAllgather(SparseAlgorithm):
             idx = torch.sort(exact_topk(acc, self.k)).values
             box[0] = idx.numel()
         self.note("local_selected", idx.numel())
-        with self.phase("allgather"):
-            all_idx = self.comm.all_gather(idx.to(index_dtype(self.n))).reshape(-1)
-            self.comm.stats.relabel_last("topka_allgather_indices")
-            all_val = self.comm.all_gather(acc[idx]).reshape(-1)
-            self.comm.stats.relabel_last("topka_allgather_values")
+        with self.phase("allgather"):  # exactly k pairs from every rank: no counts to exchange
+            all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, acc[idx], self.n, [idx.numel()] * self.comm.size)
         u_idx, u_val = reduce_pairs(all_idx, all_val, self.n)
         self.note("global_selected", u_idx.numel())
         return SparseUpdate(u_idx, u_val / self.comm.size, idx)

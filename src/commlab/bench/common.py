@@ -61,6 +61,13 @@ def network_name(net: float | str) -> str:
     return net if isinstance(net, str) else f"{net:g}Mbit"
 
 
+def bench_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The argument parser of ``commlab bench NAME``: its module docstring's first paragraph as
+    the description, the rest as the epilog."""
+    return argparse.ArgumentParser(prog=f"commlab bench {name}", description=doc.split("\n\n")[0],
+                                   epilog=doc.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-dir", default=OUT_DIR, help=f"folder for <name>.json and <name>.md (default {OUT_DIR})")
     parser.add_argument("--json", dest="json_path", metavar="FILE",
@@ -286,6 +293,17 @@ def warmup_steps(config: dict) -> int:
     return int((config.get("method_params") or {}).get("warmup_steps", defaults.get("warmup_steps", 0)) or 0)
 
 
+def method_params(args, method: str) -> dict:
+    """``method``'s options for a benchmark: the paper grids' (``--options grid``) or none (its
+    defaults), then ``--param METHOD.key=value``."""
+    params = dict(grid_method_params(method)) if getattr(args, "options", "defaults") == "grid" else {}
+    chosen: dict = {}
+    for assignment in args.param or []:  # METHOD.KEY=VALUE, parsed as run-config overrides are
+        apply_override(chosen, assignment)
+    params.update(chosen.get(method) or {})
+    return params
+
+
 def base_config(args, method: str, workers: int, steady: bool = True) -> dict:
     """A short training run of ``method`` from the benchmark's common options. Method options come
     from the paper grids (``--options grid``, the default) or the method's defaults, then
@@ -295,11 +313,7 @@ def base_config(args, method: str, workers: int, steady: bool = True) -> dict:
               "timeout_s": 300.0,
               "train": {"epochs": getattr(args, "epochs", 1), "batch_size": args.batch_size, "lr": args.lr,
                         "log_every": args.log_every, "max_steps": getattr(args, "max_steps", None)}}
-    params = grid_method_params(method) if getattr(args, "options", "defaults") == "grid" else {}
-    chosen: dict = {}
-    for assignment in args.param or []:  # METHOD.KEY=VALUE, parsed as run-config overrides are
-        apply_override(chosen, assignment)
-    params.update(chosen.get(method) or {})
+    params = method_params(args, method)
     if steady and getattr(args, "no_warmup", False):
         from dataclasses import fields
 
@@ -361,6 +375,14 @@ def resolve_methods(requested: list[str] | None) -> list[str]:
 
 
 # ---------------------------------------------------------------------- GPU figures
+def model_input(name: str) -> tuple[int, int, int]:
+    """(channels, image size, classes) of the inputs a registered model is benchmarked on: the
+    Fashion-MNIST shape for the small models, CIFAR-10's for the others, ImageNet's for ResNet-50."""
+    if name in ("cnn", "mlp", "wide_mlp"):
+        return 1, 28, 10
+    return (3, 224, 1000) if name == "resnet50" else (3, 32, 10)
+
+
 def gpu_model_step_times(models: list[str], batch: int = 32, steps: int = 20) -> dict:
     """Forward+backward+SGD step time of each model on CUDA, or a skip note without a GPU."""
     import torch
@@ -372,8 +394,8 @@ def gpu_model_step_times(models: list[str], batch: int = 32, steps: int = 20) ->
     device = torch.device("cuda", 0)
     out = {"device": torch.cuda.get_device_name(0), "batch": batch, "models": {}}
     for name in models:
-        channels, size = (1, 28) if name in ("cnn", "mlp", "wide_mlp") else (3, 224 if name == "resnet50" else 32)
-        model = build_model(name, channels, 10 if name != "resnet50" else 1000, size).to(device)
+        channels, size, classes = model_input(name)
+        model = build_model(name, channels, classes, size).to(device)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         x = torch.randn(batch, channels, size, size, device=device)
         y = torch.randint(0, 10, (batch,), device=device)

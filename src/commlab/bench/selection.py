@@ -19,8 +19,12 @@ or too few: ``selected_over_k`` is the median count over k and ``selected_over_k
 call. ``--stream fixed`` calls every entry on one tensor (the lower bound of a reused threshold).
 
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
-median / read (both < 1 is impossible for ratio_read: it is the floor); the markdown table is
-printed. Timings on CUDA are synchronised around every call.
+median / read (both < 1 is impossible for ratio_read: it is the floor), and each entry's
+``bytes_per_element``: the bytes its torch calls read and write in one steady-state call, over n,
+on the passes a GPU runs (:func:`commlab.compress.scan.portable_passes`; the CPU's own numpy
+kernels are not seen by :class:`commlab.bench.opcount.TrafficCounter`); one read of float32 is
+4; work inside one kernel, such as topk's radix passes, is not seen either. The markdown table is printed. Timings on
+CUDA are synchronised around every call.
 
     commlab bench selection                                   # 1M, 10M, 100M on cpu (and cuda)
     commlab bench selection --sizes 1000000 10000000 --calls 5 --json /tmp/sel.json
@@ -28,14 +32,15 @@ printed. Timings on CUDA are synchronised around every call.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
 
-from commlab.bench.common import add_output_arguments, md_table, parse_size, write_report
+from commlab.bench.common import add_output_arguments, bench_parser, md_table, parse_size, write_report
+from commlab.bench.opcount import TrafficCounter
 from commlab.compress.base import k_for_density
+from commlab.compress.scan import portable_passes
 from commlab.registry import BENCHMARKS, SELECTORS
 
 DEFAULT_SIZES = [1_000_000, 10_000_000, 100_000_000]
@@ -102,13 +107,20 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
             if isinstance(out, torch.Tensor) and out.dtype == torch.int64:
                 selected.setdefault(name, []).append(int(out.numel()))
         rounds += 1
+    traffic = TrafficCounter()
+    moved = {}
+    for name in names:  # one more call of each on the last tensor, its GPU passes counted (not timed)
+        traffic.reset()
+        with portable_passes(), traffic:
+            entries[name][0]()
+        moved[name] = traffic.bytes / current[0].numel()
     read_s = statistics.median(times["read (x.sum)"][1:])
     topk_s = statistics.median(times["torch.topk"][1:])
     rows = []
     for name in names:
         ts = times[name]
         row = {"selector": name, "first_s": ts[0], "median_s": statistics.median(ts[1:]),
-               "mean_s": statistics.fmean(ts), "calls": len(ts)}
+               "mean_s": statistics.fmean(ts), "calls": len(ts), "bytes_per_element": moved[name]}
         if name == "torch.topk":
             row["selected"] = k
         elif name in selected:
@@ -130,9 +142,7 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
 @BENCHMARKS.register("selection")
 def selection(argv: list[str], json_path: str | None = None) -> int:
     """Exact top-k vs threshold estimation vs Gaussian-k vs every other registered selector."""
-    parser = argparse.ArgumentParser(prog="commlab bench selection", description=__doc__.split("\n\n")[0],
-                                     epilog=__doc__.split("\n\n", 1)[1],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = bench_parser("selection", __doc__)
     parser.add_argument("--sizes", nargs="+", type=parse_size, default=DEFAULT_SIZES,
                         help="tensor sizes in elements (default 1000000 10000000 100000000)")
     parser.add_argument("--density", type=float, default=0.01, help="k = density * n (default 0.01)")
@@ -190,11 +200,13 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     stream_text = (f"a drifting stream (x <- 0.9 x + s_t noise, s_t x{args.drift:g} per round)"
                    if args.stream == "drifting" else "one fixed tensor")
     md = [f"Selection of k = {args.density:g}·n of n float32 entries, {stream_text}; median of later calls "
-          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()); "
+          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()), bytes the GPU's "
+          f"passes move per element in one steady-state call; "
           f"{args.clock} clock, {torch.get_num_threads()} thread(s).", "",
           md_table(table, [("device", "device"), ("elements", "n"), ("selector", "selector"),
                            ("first_ms", "first ms"), ("median_ms", "median ms"), ("amortized_ms", "amortized ms"),
-                           ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("selected_over_k", "selected / k"),
+                           ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("bytes_per_element", "bytes/elem"),
+                           ("selected_over_k", "selected / k"),
                            ("selected_over_k_max", "worst / k")])]
     md += [f"\nNot measured: {s['device']} {s.get('elements', '')}: {s['reason']}" for s in skipped]
     payload = {"density": args.density, "calls": args.calls, "budget_s": args.budget, "clock": args.clock,

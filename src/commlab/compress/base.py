@@ -7,7 +7,10 @@ A *selector* picks the indices of (about) the k largest-magnitude entries of a f
 
 Registered selectors are found by name in :data:`commlab.registry.SELECTORS`; `commlab bench
 selection` times every registered one against ``torch.topk`` and one read of the tensor. Indices
-always live in integer tensors: :func:`index_dtype` gives the narrowest exact one for ``n``.
+always live in integer tensors: :func:`index_dtype` gives the narrowest exact one for ``n``. A
+selector class whose calls always return exactly ``min(k, n)`` indices says so with
+``exact_count = True``: every rank then knows every rank's count, and a gather of them is saved
+(RedSync, DGC). Threshold selectors are built from the passes of :mod:`commlab.compress.scan`.
 """
 
 from __future__ import annotations

@@ -10,14 +10,22 @@ selection, which is what makes it faster than ``torch.topk`` on large layers.
 
 Our reading, and where it departs from the release (feifeibear/89757, ``select_top_k_thdv3``):
 
-* **Search interval.** ``r`` starts in ``[0, 1]`` (``thr`` between the mean and the maximum).
-  When the mean itself already selects too few entries (``count(thr = mean) <= k/2``, e.g. a
-  large ``k`` during density warm-up), the interval is extended below the mean down to threshold
-  0, i.e. ``r`` down to ``-mean / (max - mean)``. The release stops after a fixed number of
-  halvings and may return a count outside the band; we keep searching.
-* **Termination.** The search stops when the count is in the band, when the threshold interval
+* **Many probes per pass.** A round counts ``PROBES`` thresholds spread over the current
+  interval in one pass (:func:`commlab.compress.scan.counts_above`: one read of the layer and one
+  host read of the counts), a bisection that halves the interval ``log2(PROBES + 1)`` times per
+  pass. The band spans a factor 4 of counts, so on gradients the first round usually holds a
+  threshold in it; that one (the count nearest k) is compacted once. A selection therefore costs
+  the mean and maximum (one host read), a round or two, and one compaction: about four passes
+  and three host syncs, against a host-driven probe loop before.
+* **Search interval.** ``r`` starts in ``[0, 1]`` (``thr`` between the mean and the maximum; the
+  mean is among the first round's probes). When the mean itself already selects too few entries
+  (``count(thr = mean) <= k/2``, e.g. a large ``k`` during density warm-up), the interval is
+  extended below the mean down to threshold 0, i.e. ``r`` down to ``-mean / (max - mean)``. The
+  release stops after a fixed number of halvings and may return a count outside the band; we
+  keep searching.
+* **Termination.** The search stops when a count is in the band, when the threshold interval
   can no longer be split in the tensor's dtype (no representable threshold in between), or after
-  ``max_iters`` probes. Each probe halves the interval, so the loop is bounded on any input,
+  ``max_iters`` rounds. Each round shrinks the interval, so the search is bounded on any input,
   including adversarial ones (all equal, all zero, one huge outlier, negative only).
 * **Unreachable band.** Counts of ``|v| > thr`` can only take the values ``#(|v| >= d)`` for the
   distinct magnitudes ``d``; with ties at the boundary (all entries equal, all zero, many equal
@@ -28,19 +36,13 @@ Our reading, and where it departs from the release (feifeibear/89757, ``select_t
   ``k < n``; ``k >= n`` returns every index) and is always a *top set*: no unselected entry is
   larger in magnitude than a selected one.
 * **Wide intervals.** While the interval spans more than a factor 64 (one huge outlier puts the
-  maximum orders of magnitude above the rest), the next threshold is the geometric midpoint of
-  the interval instead of the arithmetic one (``r = 1/2``), so such tensors take tens of probes,
-  not hundreds. On ordinary gradients (max/mean about 6) every probe is the paper's.
-* **Speed without changing the result.** The probe at the mean is made only when the search
-  approaches ``r = 0`` (the band usually lies well above the mean). Once a probe leaves between
-  2k and n/64 entries above its threshold, those entries are gathered once and later probes count
-  only among them (every later threshold is higher), so most probes touch a few thousand values
-  instead of the whole layer (gathering a larger set costs more than the full probes it saves).
-  The |v| buffer and the comparison mask are reused between calls of one selector instance
-  (fresh multi-megabyte allocations cost page faults on every call).
+  maximum orders of magnitude above the rest, or the interval reaches down to 0), a round's
+  probes are spread geometrically instead of evenly in ``r``, so such tensors take a few rounds,
+  not hundreds of halvings.
 * **Threshold reuse** (``reuse_every = N``): the release can reuse the found ``r`` for the next
   steps (recomputing mean and max). We reuse it for ``N - 1`` calls but, if the reused threshold
-  leaves the band, search afresh, so reuse only ever saves time and never breaks the band.
+  leaves the band, search afresh, so reuse only ever saves time and never breaks the band. A
+  reused ratio costs one mask and one compaction, which also counts it.
 
 Usage::
 
@@ -55,34 +57,11 @@ from dataclasses import dataclass
 
 import torch
 
+from commlab.compress.scan import Scratch, counts_above, in_dtype, magnitude_stats, select_above
 from commlab.registry import SELECTORS
 
-COMPACT_FRACTION = 1 / 64  # gather the candidates once a probe leaves at most this fraction of n
-NEAR_MEAN = 1 / 16  # probe the mean itself once the upper end of the search is this close to r=0
-GEOMETRIC_SPAN = 64.0  # bisect geometrically while hi/lo exceeds this (a Gaussian's max/mean is ~6)
-
-
-class Workspace:
-    """Reusable |x| and mask buffers of one selector (a selector sees one layer's size)."""
-
-    def __init__(self):
-        self.magnitudes: torch.Tensor | None = None
-        self.mask: torch.Tensor | None = None
-
-    def abs(self, flat: torch.Tensor) -> torch.Tensor:
-        if not flat.dtype.is_floating_point:
-            return flat.abs().float()
-        buf = self.magnitudes
-        if buf is None or buf.numel() != flat.numel() or buf.dtype != flat.dtype or buf.device != flat.device:
-            buf = self.magnitudes = torch.empty_like(flat)
-        return torch.abs(flat, out=buf)
-
-    def above(self, a: torch.Tensor, thr: float) -> torch.Tensor:
-        """Boolean mask ``a > thr`` in a reused buffer (valid until the next call)."""
-        buf = self.mask
-        if buf is None or buf.numel() < a.numel() or buf.device != a.device:
-            buf = self.mask = torch.empty(a.numel(), dtype=torch.bool, device=a.device)
-        return torch.gt(a, thr, out=buf[:a.numel()])
+PROBES = 15  # thresholds counted per pass (a round halves the interval 4 times)
+GEOMETRIC_SPAN = 64.0  # spread probes geometrically while hi/lo exceeds this (a Gaussian's max/mean is ~6)
 
 
 @dataclass
@@ -100,125 +79,112 @@ class SearchResult:
 
 def _representable(value: float, dtype: torch.dtype) -> float:
     """``value`` rounded to ``dtype`` (thresholds compare against tensor values of that dtype)."""
-    return float(torch.tensor(value, dtype=torch.float64).to(dtype))  # host-side: rounds a Python float
+    return in_dtype(value, dtype)
 
 
 def binary_search_select(x: torch.Tensor, k: int, max_iters: int = 32, r_hint: float | None = None,
-                         workspace: Workspace | None = None) -> SearchResult:
+                         scratch: Scratch | None = None) -> SearchResult:
     """A top set of ``x.view(-1)`` by magnitude with ``k/2 < count < 2k`` (see the module notes).
 
-    ``r_hint`` tries that ratio first (one probe) and searches only if it misses the band;
-    ``workspace`` lends reusable buffers (a fresh one when not given).
-    """
+    ``r_hint`` tries that ratio first (one mask and compaction) and searches only if it misses
+    the band; ``scratch`` lends reusable mask buffers."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
     if max_iters < 1:
         raise ValueError(f"max_iters must be at least 1, got {max_iters}")
-    flat = x.reshape(-1)
-    n = flat.numel()
-    if k >= n:
-        return SearchResult(torch.arange(n, device=flat.device), None, 0)
-    ws = workspace if workspace is not None else Workspace()
-    a = ws.abs(flat)
-    mean, top = float(a.mean()), float(a.max())
-    if not (math.isfinite(mean) and math.isfinite(top)):
-        raise ValueError("binary_search_select: the tensor holds NaN or infinite values")
+    if k >= x.numel():
+        return SearchResult(torch.arange(x.numel(), device=x.device), None, 0)
+    flat, mean, top = magnitude_stats(x, "binary_search_select")
     span = top - mean
     if span <= 0:  # every magnitude equal (all zero included): only counts 0 and n exist
-        return SearchResult(torch.topk(a, k, sorted=False).indices, None, 0)
-    search = _Search(a, k, ws)
+        return SearchResult(torch.topk(flat.abs(), k, sorted=False).indices, None, 0)
+    search = _Search(flat, k, scratch)
     if r_hint is not None:
-        thr = _representable(mean + r_hint * span, a.dtype)
-        if search.in_band(search.count(thr)):
-            return SearchResult(search.take(thr), r_hint, search.probes, reused=True, threshold=thr)
+        thr = _representable(mean + r_hint * span, flat.dtype)
+        idx = select_above(flat, thr, scratch)
+        search.probes += 1
+        if search.in_band(idx.numel()):
+            return SearchResult(idx, r_hint, search.probes, reused=True, threshold=thr)
     return search.run(mean, span, top, max_iters)
 
 
-def _midpoint(lo: float, hi: float, tiny: float) -> float:
-    """The next threshold to probe: the arithmetic midpoint (the paper's bisection on r), or the
-    geometric one while the interval spans more than GEOMETRIC_SPAN (a huge outlier, or the
-    interval extended down to 0), so that a band many orders of magnitude below the maximum is
-    reached in tens of probes rather than hundreds."""
+def _probes(lo: float, hi: float, tiny: float, dtype: torch.dtype) -> list[float]:
+    """Up to PROBES thresholds strictly between ``lo`` and ``hi``, representable in ``dtype``:
+    evenly spaced (the paper's bisection on r, several levels at once), or geometrically while
+    the interval spans more than GEOMETRIC_SPAN."""
     base = max(lo, tiny)
-    if hi > GEOMETRIC_SPAN * base:
-        return math.sqrt(base) * math.sqrt(hi)  # two roots: the product could overflow
-    return 0.5 * (lo + hi)
+    steps = [i / (PROBES + 1) for i in range(1, PROBES + 1)]
+    if hi > GEOMETRIC_SPAN * base:  # two roots: the product could overflow
+        raw = [math.exp(math.log(base) + f * (math.log(hi) - math.log(base))) for f in steps]
+    else:
+        raw = [lo + f * (hi - lo) for f in steps]
+    return sorted({t for t in (_representable(v, dtype) for v in raw) if lo < t < hi})
 
 
 class _Search:
-    """The bisection over one tensor's magnitudes ``a`` (possibly narrowed to candidates)."""
+    """The search over one tensor's magnitudes."""
 
-    def __init__(self, a: torch.Tensor, k: int, ws: Workspace):
-        self.a, self.k, self.ws = a, k, ws
-        self.work = a  # the values probes look at: all of `a`, or the candidates above some lo
-        self.work_idx: torch.Tensor | None = None  # positions of `work` in `a` (None: identity)
+    def __init__(self, flat: torch.Tensor, k: int, scratch: Scratch | None):
+        self.flat, self.k, self.scratch = flat, k, scratch
         self.probes = 0
 
     def in_band(self, count: int) -> bool:
         return self.k / 2 < count < 2 * self.k
 
-    def count(self, thr: float) -> int:
+    def answer(self, thr: float, ratio: float) -> SearchResult:
+        """The entries above ``thr``, compacted once."""
+        return SearchResult(select_above(self.flat, thr, self.scratch), ratio, self.probes, threshold=thr)
+
+    def counts(self, thresholds: list[float]) -> list[int]:
         self.probes += 1
-        return int(torch.count_nonzero(self.ws.above(self.work, thr)))
-
-    def take(self, thr: float) -> torch.Tensor:
-        sel = torch.nonzero(self.ws.above(self.work, thr)).view(-1)
-        return sel if self.work_idx is None else self.work_idx[sel]
-
-    def narrow(self, thr: float, count: int) -> None:
-        """Keep only the entries above ``thr`` (every later threshold is higher)."""
-        if count <= COMPACT_FRACTION * self.a.numel() and count < self.work.numel():
-            self.work_idx = self.take(thr)
-            self.work = self.a[self.work_idx]
+        return counts_above(self.flat, thresholds)
 
     def run(self, mean: float, span: float, top: float, max_iters: int) -> SearchResult:
-        dtype, k = self.a.dtype, self.k
+        dtype, k = self.flat.dtype, self.k
         tiny = torch.finfo(dtype).tiny
-        # Invariant: count(lo) >= 2k once lo_known (assumed for the mean until probed), and
+        ratio = lambda thr: (thr - mean) / span  # noqa: E731
+        # Invariant: count(lo) >= 2k once lo_known (the mean is probed in the first round), and
         # count(hi) <= k/2 (nothing is above the maximum).
-        lo_r, lo_thr, lo_known = 0.0, _representable(mean, dtype), False
-        hi_r, hi_thr = 1.0, top
+        lo, lo_known, hi = _representable(mean, dtype), False, top
         for _ in range(max_iters):
-            if not lo_known and hi_r <= NEAR_MEAN:
-                count = self.count(lo_thr)
-                if self.in_band(count):
-                    return SearchResult(self.take(lo_thr), lo_r, self.probes, threshold=lo_thr)
-                if count <= k / 2:
-                    # The mean already selects too few: continue below it, down to threshold 0.
-                    hi_r, hi_thr = lo_r, lo_thr
-                    lo_r, lo_thr = -mean / span, 0.0
-                    count = self.count(lo_thr)
-                    if self.in_band(count):
-                        return SearchResult(self.take(lo_thr), lo_r, self.probes, threshold=lo_thr)
-                    if count <= k / 2:  # at most k/2 non-zero entries: no threshold reaches the band
-                        return SearchResult(self._exact_k(None), None, self.probes)
-                lo_known = True
-                self.narrow(lo_thr, count)
+            probes = _probes(lo, hi, tiny, dtype)
+            if not lo_known:
+                probes = [lo, *probes]
+            elif not probes:
+                break  # adjacent thresholds: a tie group straddles the band
+            counts = self.counts(probes)
+            fits = [j for j, c in enumerate(counts) if self.in_band(c)]
+            if fits:  # the count nearest k (in ratio): compacted once
+                best = min(fits, key=lambda j: abs(math.log(counts[j] / k)))
+                return self.answer(probes[best], ratio(probes[best]))
+            if not lo_known and counts[0] <= k / 2:
+                # The mean already selects too few: continue below it, down to threshold 0.
+                hi = lo
+                nonzero = self.counts([0.0])[0]
+                if self.in_band(nonzero):
+                    return self.answer(0.0, ratio(0.0))
+                if nonzero <= k / 2:  # at most k/2 non-zero entries: no threshold reaches the band
+                    return SearchResult(self._exact_k(None), None, self.probes)
+                lo, lo_known = 0.0, True
                 continue
-            mid_thr = _representable(_midpoint(lo_thr, hi_thr, tiny), dtype)
-            mid_r = (mid_thr - mean) / span
-            if mid_thr <= lo_thr or mid_thr >= hi_thr:
-                if lo_known:
-                    break  # adjacent thresholds: a tie group straddles the band
-                hi_r = 0.0  # nothing left to split above the mean: probe the mean next
-                continue
-            count = self.count(mid_thr)
-            if self.in_band(count):
-                return SearchResult(self.take(mid_thr), mid_r, self.probes, threshold=mid_thr)
-            if count >= 2 * k:
-                lo_r, lo_thr, lo_known = mid_r, mid_thr, True
-                self.narrow(mid_thr, count)
-            else:
-                hi_r, hi_thr = mid_r, mid_thr
-        return SearchResult(self._exact_k(lo_thr if lo_known else None), None, self.probes)
+            lo_known = True
+            # counts fall with the threshold and none is in the band: the last >= 2k and the
+            # first <= k/2 enclose it
+            above = [j for j, c in enumerate(counts) if c >= 2 * k]
+            if above:
+                lo = probes[above[-1]]
+            below = [j for j, c in enumerate(counts) if c <= k / 2]
+            if below:
+                hi = probes[below[0]]
+        return SearchResult(self._exact_k(lo if lo_known else None), None, self.probes)
 
     def _exact_k(self, lower: float | None) -> torch.Tensor:
         """Exactly k indices of the largest magnitudes, among the entries above ``lower`` (known
         to hold at least 2k entries) or among all entries (``None``); ties broken by topk."""
         if lower is None:
-            return torch.topk(self.a, self.k, sorted=False).indices
-        cand = self.take(lower)
-        best = torch.topk(self.a[cand], self.k, sorted=False).indices
+            return torch.topk(self.flat.abs(), self.k, sorted=False).indices
+        cand = select_above(self.flat, lower, self.scratch)
+        best = torch.topk(self.flat[cand].abs(), self.k, sorted=False).indices
         return cand[best]
 
 
@@ -240,13 +206,13 @@ class BinarySearchSelector:
         self.ratio: float | None = None  # r of the last successful search
         self.calls_since_search = 0  # calls answered by the reused ratio since the last search
         self.last: SearchResult | None = None  # the last call's result (metrics, tests)
-        self.workspace = Workspace()
+        self.scratch = Scratch()  # mask buffers reused between calls
 
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
         hint = None
         if self.ratio is not None and self.calls_since_search < self.reuse_every - 1:
             hint = self.ratio
-        result = binary_search_select(x, k, self.max_iters, r_hint=hint, workspace=self.workspace)
+        result = binary_search_select(x, k, self.max_iters, r_hint=hint, scratch=self.scratch)
         self.calls_since_search = self.calls_since_search + 1 if result.reused else 0
         self.ratio = result.ratio
         self.last = result

@@ -2,93 +2,229 @@
 PPoPP'22, section 3, with the bounded threshold control of :mod:`commlab.algorithms.oktopk`).
 
 :func:`distributed_threshold` finds a threshold t such that the number of entries with
-|x| >= t, summed over every rank, lies in [k_min, k_max], without moving the values: a bisection
-on the bit pattern of t (a non-negative float's bits order like the float), each probe one
-allreduce of a single count (at most 2 elements sent per rank), at most one probe per bit plus
-one: 32 probes for float32, 64 for float64. With k_min = k_max = k the result selects exactly the
-global top-k (the entries strictly above the (k+1)-th largest); when ties at the boundary make an
-exact count impossible it selects the largest set with at most k_max entries, so the cap holds
-whatever the data. :func:`probe_cost_bound` is the worst-case number of elements it sends.
+|x| >= t (x != 0), summed over every rank, lies in [k_min, k_max], without moving the values: a
+radix search on the bit pattern of |x| (a non-negative float's bits order like the float).
+Every round counts ``bins`` candidate thresholds at once: each rank histograms the bit patterns
+of its entries that fall in the current interval into ``bins`` equal slices, one allreduce sums
+the histograms, and every rank reads the same global counts at the slice edges. An edge whose
+count lies in the band answers; otherwise the interval shrinks to the slice where the count
+crosses k_max, and the next round splits that slice. The interval starts at the ranks' smallest
+and largest non-zero patterns (their :func:`spread`), so with 256 bins any float32 band is found
+in at most 4 rounds (256^4 = 2^32 patterns), usually 2 or 3; float64 needs up to 8.
+
+With k_min = k_max = k the result selects exactly the global top-k (an edge strictly above the
+(k+1)-th largest and at most the k-th); when ties at the boundary make the band unreachable it
+is the smallest threshold selecting at most k_max, so the cap holds whatever the data. Each
+round is one allreduce of ``bins`` int64 counts and one host read of them; nothing else leaves
+the device. :func:`probe_cost_bound` is the worst-case number of elements it sends.
 
     t = distributed_threshold(comm, region_values, k_max=k, k_min=k)   # exact global top-k
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
+from commlab.compress.scan import from_bits, to_bits
+from commlab.core.communicator import ring_allreduce_cost
+
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+DEFAULT_BINS = 256
 
 
 def _int_view(dtype: torch.dtype) -> torch.dtype:
-    size = torch.empty((), dtype=dtype).element_size()  # host-side: only the dtype's width is read
-    if size not in _BITS:
+    if dtype.itemsize not in _BITS or not dtype.is_floating_point:
         raise ValueError(f"no integer view for values of dtype {dtype}")
-    return _BITS[size]
+    return _BITS[dtype.itemsize]
 
 
-def probe_rounds(dtype: torch.dtype) -> int:
-    """Worst-case number of count probes of :func:`distributed_threshold` for ``dtype`` values."""
-    return 8 * torch.empty((), dtype=dtype).element_size() + 1  # host-side: the dtype's width
+def _patterns(dtype: torch.dtype) -> int:
+    """Bit patterns of the non-negative values of ``dtype`` (the sign bit is 0)."""
+    return 2 ** (8 * dtype.itemsize - 1)
 
 
-def probe_cost_bound(dtype: torch.dtype, p: int) -> int:
-    """Worst-case elements sent per rank by :func:`distributed_threshold` (2 per 1-element
-    ring allreduce, nothing alone)."""
-    return 0 if p == 1 else 2 * probe_rounds(dtype)
+def search_rounds(span: int, bins: int) -> int:
+    """Rounds that split an interval of ``span`` bit patterns into single patterns, ``bins`` slices
+    a round: the most any search over it takes."""
+    rounds, reach = 1, bins
+    while reach < span:
+        rounds, reach = rounds + 1, reach * bins
+    return rounds
 
 
-class _Counter:
-    """|x| >= t counted over all ranks: local sorted magnitudes, one allreduce per probe."""
-
-    def __init__(self, comm, values: torch.Tensor):
-        self.comm = comm
-        self.sorted = torch.sort(values.reshape(-1).abs()).values
-        self.dtype = values.dtype
-        self.ints = _int_view(values.dtype)
-        self.probes = 0
-
-    def value(self, bits: int) -> float:
-        return float(torch.tensor([bits], dtype=self.ints).view(self.dtype).item())  # host-side: bit arithmetic
-
-    def count(self, bits: int) -> int:
-        t = self.value(bits)
-        m = self.sorted.numel()
-        if t <= 0:  # threshold 0 selects the non-zero entries
-            probe = torch.zeros((), dtype=self.dtype, device=self.sorted.device)
-            mine = m - int(torch.searchsorted(self.sorted, probe, right=True))
-        else:  # searchsorted needs its value on the values' device
-            probe = torch.tensor(t, dtype=self.dtype, device=self.sorted.device)
-            mine = m - int(torch.searchsorted(self.sorted, probe, right=False))
-        self.probes += 1
-        if self.comm.size == 1:
-            return mine
-        total = torch.tensor([mine], dtype=torch.int64, device=self.sorted.device)
-        self.comm.all_reduce(total, op="sum")
-        self.comm.stats.relabel_last("sparse_threshold_probe")
-        return int(total.item())
+def max_rounds(dtype: torch.dtype, bins: int = DEFAULT_BINS) -> int:
+    """Worst-case rounds of :func:`distributed_threshold` for ``dtype`` values (any spread)."""
+    return search_rounds(_patterns(dtype), bins)
 
 
-def distributed_threshold(comm, values: torch.Tensor, k_max: int, k_min: int | None = None) -> float:
+def probe_cost_bound(dtype: torch.dtype, p: int, bins: int = DEFAULT_BINS, spread: Spread | None = None) -> int:
+    """Worst-case elements sent per rank by :func:`distributed_threshold`: its rounds' ring
+    allreduces of ``bins`` counts (as many rounds as ``spread``'s interval can take, or any
+    interval of ``dtype`` with the allgather of the spread when the caller has not gathered it;
+    nothing alone)."""
+    if p == 1:
+        return 0
+    per_round = max(ring_allreduce_cost(bins, p, i)[0] for i in range(p))
+    if spread is None:
+        return max_rounds(dtype, bins) * per_round + SPREAD_FIELDS * (p - 1)
+    return search_rounds(spread.hi + 1 - spread.lo, bins) * per_round
+
+
+def bins_within(budget: float, dtype: torch.dtype, p: int, spread: Spread | None = None) -> int:
+    """The most bins per round (a power of two from 16 to 256) whose worst-case probe cost stays
+    within ``budget`` elements (16 when none does): fewer rounds where k leaves room for them."""
+    for bins in (256, 128, 64, 32):
+        if probe_cost_bound(dtype, p, bins, spread) <= budget:
+            return bins
+    return 16
+
+
+SPREAD_FIELDS = 3  # non-zero count, largest and minus the smallest non-zero bit pattern
+
+
+def _magnitude_bits(values: torch.Tensor) -> torch.Tensor:
+    """The bit patterns of |values| as int64 (order like the magnitudes)."""
+    flat = values.reshape(-1)
+    return flat.abs().view(_int_view(flat.dtype)).to(torch.int64)
+
+
+def local_spread(values: torch.Tensor) -> torch.Tensor:
+    """This rank's [non-zero count, largest pattern, -smallest non-zero pattern] of |values| (int64,
+    on the values' device): what :class:`Spread` combines over ranks (sum, max, max)."""
+    bits = _magnitude_bits(values)
+    inf = _inf_bits(values.dtype)
+    if bits.numel() == 0:
+        return torch.tensor([0, 0, -(inf + 1)], dtype=torch.int64, device=bits.device)
+    live = (bits > 0) & (bits <= inf)  # non-zero and not NaN
+    top = torch.where(live, bits, 0).amax()
+    low = torch.where(live, bits, inf + 1).amin()
+    return torch.stack([live.sum(), top, -low])
+
+
+def _inf_bits(dtype: torch.dtype) -> int:
+    return to_bits(math.inf, dtype)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Where the non-zero magnitudes of every rank lie: how many there are in all (``nonzero``)
+    and the largest and smallest of their bit patterns (``hi``, ``lo``)."""
+
+    nonzero: int
+    hi: int
+    lo: int
+
+    @classmethod
+    def combine(cls, rows: list[list[int]]) -> Spread:
+        """From every rank's :func:`local_spread` (as host lists)."""
+        return cls(sum(r[0] for r in rows), max(r[1] for r in rows), -max(r[2] for r in rows))
+
+
+def gather_spread(comm, values: torch.Tensor) -> Spread:
+    """Every rank's :func:`local_spread`, combined (one allgather of 3 int64 per rank)."""
+    mine = local_spread(values).to(comm.device)
+    if comm.size == 1:
+        return Spread.combine([mine.tolist()])
+    rows = comm.all_gather(mine).tolist()
+    comm.stats.relabel_last("sparse_threshold_spread")
+    return Spread.combine(rows)
+
+
+@dataclass(frozen=True)
+class Window:
+    """``bins`` slices of ``width`` bit patterns from pattern ``lo``: a histogram every rank can
+    send along with other counts (Ok-Topk's table), from which every rank then knows every rank's
+    count at every slice edge, with no collective of its own."""
+
+    lo: int
+    width: int
+    bins: int
+
+    @classmethod
+    def around(cls, threshold: float, dtype: torch.dtype, bins: int) -> Window:
+        """Slices of 1/32 of an octave, ``bins`` of them centred on ``threshold``'s pattern."""
+        width = 2 ** max(0, round(-math.log2(torch.finfo(dtype).eps)) - 5)
+        return cls(max(1, to_bits(threshold, dtype) - bins // 2 * width), width, bins)
+
+    @property
+    def edges(self) -> list[int]:
+        return [self.lo + j * self.width for j in range(self.bins + 1)]
+
+    def local_counts(self, values: torch.Tensor) -> torch.Tensor:
+        """[entries at or above the last edge, then per slice] of this rank (int64, on device)."""
+        bits = _magnitude_bits(values)
+        top = self.edges[-1]
+        slot = torch.where(bits >= top, 0, torch.where(bits >= self.lo, 1 + (bits - self.lo) // self.width,
+                                                       self.bins + 1))
+        return torch.zeros(self.bins + 2, dtype=torch.int64, device=bits.device).index_add_(
+            0, slot, torch.ones_like(slot))[:self.bins + 1]
+
+    def at_edges(self, counts: list[int]) -> list[int]:
+        """Entries at or above each edge, from :meth:`local_counts` (one rank's, or their sum)."""
+        out = [counts[0]] * (self.bins + 1)
+        for j in range(self.bins - 1, -1, -1):
+            out[j] = out[j + 1] + counts[1 + j]
+        return out
+
+    def start(self, at_edges: list[int], k_max: int, spread: Spread) -> tuple[int, int, int]:
+        """Where a search for a count <= k_max starts, from the global counts at the edges: the
+        slice (or the part of the spread outside the window) where the count crosses k_max, as
+        (lo, hi, entries above hi): ``distributed_threshold``'s ``start``."""
+        edges = self.edges
+        first = next((j for j, c in enumerate(at_edges) if c <= k_max), None)
+        if first is None:  # still more than k_max at the last edge: above the window
+            return edges[-1], spread.hi, 0
+        if first == 0:  # below the window
+            return spread.lo, edges[0] - 1, at_edges[0]
+        return edges[first - 1], edges[first] - 1, at_edges[first]
+
+
+def distributed_threshold(comm, values: torch.Tensor, k_max: int, k_min: int | None = None, *,
+                          bins: int = DEFAULT_BINS, spread: Spread | None = None,
+                          start: tuple[int, int, int] | None = None) -> float:
     """A threshold selecting between ``k_min`` and ``k_max`` entries of all ranks' ``values``
     together (|x| >= t, x != 0), the smallest one selecting at most ``k_max`` when no threshold
-    fits the band. Every rank of ``comm`` calls it with its own values and gets the same result."""
+    fits the band. Every rank of ``comm`` calls it with its own values and gets the same result.
+
+    ``bins`` thresholds are counted per round (one allreduce of ``bins`` counts); ``spread``, when
+    the caller already gathered every rank's :func:`local_spread`, saves the allgather that
+    starts the search; ``start`` = (lo, hi, entries above hi), patterns between which the count
+    is known to cross k_max (from a :class:`Window`), narrows the first round to them."""
     k_min = k_max if k_min is None else k_min
     if not 0 <= k_min <= k_max:
         raise ValueError(f"need 0 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
-    counter = _Counter(comm, values)
-    if counter.count(0) <= k_max:
+    if bins < 2:
+        raise ValueError(f"bins must be at least 2, got {bins}")
+    spread = gather_spread(comm, values) if spread is None else spread
+    if spread.nonzero <= k_max:
         return 0.0
-    # Invariant: count(lo) > k_max >= count(hi); +inf selects nothing.
-    inf = torch.tensor([float("inf")], dtype=values.dtype)  # host-side: the bit pattern of +inf
-    lo, hi = 0, int(inf.view(counter.ints).item())
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        c = counter.count(mid)
-        if k_min <= c <= k_max:
-            return counter.value(mid)
-        if c > k_max:
-            lo = mid
-        else:
-            hi = mid
-    return counter.value(hi)
+    bits = _magnitude_bits(values)
+    target = (k_min + k_max) / 2
+    # Invariant: count(lo) > k_max >= count(hi + 1) = above.
+    lo, hi, above = start if start is not None else (spread.lo, spread.hi, 0)
+    while True:
+        width = -(-(hi + 1 - lo) // bins)
+        slot = torch.where((bits >= lo) & (bits <= hi), (bits - lo) // width, torch.full_like(bits, bins))
+        hist = torch.zeros(bins + 1, dtype=torch.int64, device=bits.device).index_add_(
+            0, slot, torch.ones_like(slot))[:bins].to(comm.device)
+        if comm.size > 1:
+            comm.all_reduce(hist, op="sum")
+            comm.stats.relabel_last("sparse_threshold_histogram")
+        counts = hist.tolist()
+        used = -(-(hi + 1 - lo) // width)  # slices that start inside the interval
+        # at_edge[j]: entries with pattern >= lo + j*width (j = used: the interval's end, hi + 1)
+        at_edge = [above] * (used + 1)
+        for j in range(used - 1, -1, -1):
+            at_edge[j] = at_edge[j + 1] + counts[j]
+        edges = [min(lo + j * width, hi + 1) for j in range(used + 1)]
+        fits = [j for j in range(used + 1) if k_min <= at_edge[j] <= k_max]
+        if fits:  # the edge whose count is nearest the band's middle (the higher threshold on ties)
+            best = min(fits, key=lambda j: (abs(at_edge[j] - target), -j))
+            return from_bits(edges[best], values.dtype)
+        first = next(j for j in range(used + 1) if at_edge[j] <= k_max)  # exists: at_edge[used] = above
+        if width == 1:  # single patterns: a tie straddles the band, take the smallest edge under the cap
+            return from_bits(edges[first], values.dtype)
+        lo, hi, above = edges[first - 1], edges[first] - 1, at_edge[first]

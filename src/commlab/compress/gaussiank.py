@@ -5,8 +5,10 @@ The entries are taken to be normal with the tensor's mean mu and standard deviat
 two-sided tail that holds a fraction rho = k/n lies beyond mu + z·sigma with
 z = Phi^-1(1 - rho/2). Gradients have heavier tails than a normal, so the count is usually off;
 the release only corrects too few: while fewer than ``lower``·k (3k/4) pass, the threshold is
-divided by ``down`` (1.012), at most ``max_loops`` (50) times. One pass for the moments, one per
-loop for the count: no sort, no top-k.
+divided by ``down`` (1.012), at most ``max_loops`` (50) times. One pass for the moments (read
+on the host together), one mask and one compaction, which also counts; only when too few pass,
+one more pass counts every corrected threshold at once and a second compaction takes the first
+that lets enough through: the release's loop, without a pass and a host read per correction.
 
     select = SELECTORS.get("gaussiank")()
     idx = select(x, k)             # sorted int64 indices of |x| > threshold
@@ -16,10 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import torch
 
-from commlab.compress.threshold import magnitudes_into
+from commlab.compress.scan import Scratch, compact, counts_above, select_above
+from commlab.compress.threshold import first_within
 from commlab.registry import SELECTORS
 
 
@@ -45,28 +49,38 @@ def gaussian_threshold(x: torch.Tensor, k: int) -> float:
     if k >= n or n < 2:
         return 0.0
     rho = k / n
-    z = float(torch.special.ndtri(torch.tensor(1.0 - rho / 2, dtype=torch.float64)))  # host-side: a constant
+    z = NormalDist().inv_cdf(1.0 - rho / 2)
     std, mean = torch.std_mean(flat)
-    return float(mean) + z * float(std)
+    mean, std = torch.stack([mean, std]).tolist()
+    return mean + z * std
+
+
+def lowered(threshold: float, down: float, loops: int) -> list[float]:
+    """The thresholds the correction loop tries after ``threshold``: divided by ``down`` once,
+    twice, ... ``loops`` times (the same float quotients as the loop)."""
+    out = []
+    for _ in range(loops):
+        threshold /= down
+        out.append(threshold)
+    return out
 
 
 def gaussian_select(x: torch.Tensor, k: int, options: GaussianOptions | None = None,
-                    magnitudes: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
-    """Indices (sorted int64) selected by the corrected Gaussian threshold, and the threshold.
-    ``magnitudes`` may hold |x| already (saves a pass)."""
+                    scratch: Scratch | None = None) -> tuple[torch.Tensor, float]:
+    """Indices (sorted int64) selected by the corrected Gaussian threshold (|x| > threshold), and
+    the threshold; ``scratch`` lends reusable mask buffers."""
     o = options or GaussianOptions()
     flat = x.reshape(-1)
-    mags = flat.abs() if magnitudes is None else magnitudes
     thr = gaussian_threshold(flat, k)
     if thr <= 0 or not math.isfinite(thr):
-        return torch.nonzero(flat).view(-1), 0.0
-    mask = mags > thr
-    for _ in range(o.max_loops):
-        if int(torch.count_nonzero(mask)) >= o.lower * k:
-            break
-        thr /= o.down
-        mask = mags > thr
-    return torch.nonzero(mask).view(-1), thr
+        return compact(flat != 0), 0.0
+    idx = select_above(flat, thr, scratch)
+    if idx.numel() < o.lower * k and o.max_loops:
+        candidates = lowered(thr, o.down, o.max_loops)
+        counts = counts_above(flat, candidates)
+        thr = candidates[first_within(counts, lambda c: c >= o.lower * k)]
+        idx = select_above(flat, thr, scratch)
+    return idx, thr
 
 
 @SELECTORS.register("gaussiank")
@@ -77,10 +91,8 @@ class GaussianSelector:
         self.options = options or GaussianOptions()
         self.options.validate()
         self.threshold: float | None = None
-        self._mags: torch.Tensor | None = None  # |x| buffer reused between calls
+        self.scratch = Scratch()  # mask buffers reused between calls
 
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        flat = x.reshape(-1)
-        self._mags = magnitudes_into(flat, self._mags)
-        idx, self.threshold = gaussian_select(flat, k, self.options, self._mags)
+        idx, self.threshold = gaussian_select(x.reshape(-1), k, self.options, self.scratch)
         return idx

@@ -35,17 +35,23 @@ class ResidualMemory:
         return flat + self.residual if self.enabled else flat.clone()
 
     def keep(self, acc: torch.Tensor, applied: torch.Tensor | None) -> None:
-        """The residual becomes ``acc`` with the entries at ``applied`` (int indices) zeroed;
-        ``applied=None`` means everything was applied (a dense step)."""
+        """The residual becomes ``acc`` with the applied entries zeroed: ``applied`` holds their
+        int indices, or is a boolean mask over acc; ``None`` means everything was applied (a
+        dense step)."""
         if applied is None or not self.enabled:
             self.residual.zero_()
             return
-        self.residual.copy_(acc.reshape(-1))
+        flat = acc.reshape(-1)
+        if applied.dtype == torch.bool:
+            torch.where(applied.reshape(-1), torch.zeros((), dtype=flat.dtype, device=flat.device), flat,
+                        out=self.residual)
+            return
+        self.residual.copy_(flat)
         if applied.numel():
             self.residual[applied.long()] = 0
 
     def norm(self) -> float:
-        return float(self.residual.norm())
+        return float(self.residual.norm())  # read at log points only
 
     def state_dict(self) -> dict:
         return {"residual": self.residual.clone(), "enabled": self.enabled}

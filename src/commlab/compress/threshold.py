@@ -17,7 +17,11 @@ fewer than ``lower``·k pass, the exact threshold is computed at that step. Eith
 (counted in ``recomputes``) keeps for the next steps the threshold that selects the middle of
 [lower·k, cap·k], and ties at an exact threshold are trimmed to the cap.
 
-Selection keeps the entries with |x| >= threshold and x != 0: at density 1 (threshold 0) that is
+A reused step costs one mask and one compaction (:mod:`commlab.compress.scan`: no |x| buffer,
+the count is the compaction's length, one host sync); a guard raise counts every raised
+threshold at once among the entries already selected and keeps those passing the raised one
+(no pass over the tensor). Selection keeps the entries with
+|x| >= threshold and x != 0: at density 1 (threshold 0) that is
 every non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
 of candidates the exact threshold is 0 (everything non-zero passes).
 
@@ -32,6 +36,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from commlab.compress.scan import Scratch, at_least, compact, counts_at_least, select_at_least
 from commlab.registry import SELECTORS
 
 
@@ -71,30 +76,28 @@ def kth_largest(magnitudes: torch.Tensor, k: int) -> float:
     return float(torch.topk(flat, k, sorted=False).values.min())
 
 
-def passing(x: torch.Tensor, magnitudes: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Boolean mask of the entries selected by ``threshold`` (|x| >= threshold and x != 0)."""
-    mask = magnitudes >= threshold
-    if threshold <= 0:
-        mask &= x != 0
-    return mask
+def first_within(counts: list[int], ok) -> int:
+    """The first index whose count satisfies ``ok``, else the last index (a bounded search of
+    the candidates of a guard or correction loop: after its last step it stops unchecked)."""
+    return next((j for j, c in enumerate(counts[:-1]) if ok(c)), len(counts) - 1)
 
 
-def magnitudes_into(x: torch.Tensor, buffer: torch.Tensor | None) -> torch.Tensor:
-    """|x| written into ``buffer`` when it fits (same shape, dtype, device), else a new tensor."""
-    if buffer is None or buffer.shape != x.shape or buffer.dtype != x.dtype or buffer.device != x.device:
-        return x.abs()
-    return torch.abs(x, out=buffer)
-
-
-def select_at(x: torch.Tensor, threshold: float, magnitudes: torch.Tensor | None = None) -> torch.Tensor:
-    """Sorted int64 indices of the entries of flat ``x`` selected by ``threshold``."""
-    flat = x.reshape(-1)
-    mags = flat.abs() if magnitudes is None else magnitudes
-    return torch.nonzero(passing(flat, mags, threshold)).view(-1)
+def raised(threshold: float, scale: float, loops: int) -> list[float]:
+    """The thresholds a guard loop tries after ``threshold``: multiplied by ``scale`` once, twice,
+    ... ``loops`` times (the same float products as the loop)."""
+    out = []
+    for _ in range(loops):
+        threshold *= scale
+        out.append(threshold)
+    return out
 
 
 class ThresholdEstimator:
-    """One reused threshold: exact when due, guarded on reuse, nudged from every observed count."""
+    """One reused threshold: exact when due, guarded on reuse, nudged from every observed count.
+
+    A reused step selects with one mask and one compaction (:mod:`commlab.compress.scan`), which
+    also gives the count; the guard, when that count is too high, counts all its raised
+    thresholds among the selected entries and keeps those that pass the raise."""
 
     def __init__(self, options: ThresholdOptions | None = None):
         self.options = options or ThresholdOptions()
@@ -102,6 +105,7 @@ class ThresholdEstimator:
         self.value: float | None = None
         self.exact_computations = 0
         self.recomputes = 0  # exact thresholds forced by the cap (count out of [lower*k, cap*k])
+        self.scratch = Scratch()  # mask buffers reused from step to step
 
     def due(self, step: int) -> bool:
         """Whether ``step`` (counted from 0) recomputes the exact threshold."""
@@ -112,13 +116,23 @@ class ThresholdEstimator:
         self.exact_computations += 1
         return self.value
 
+    def _guard(self, x: torch.Tensor, passing: torch.Tensor, k: int) -> float | None:
+        """The raised threshold when the entries ``passing`` the reused one are more than
+        guard_factor*k (None: no raise): each raise by guard_scale, at most guard_loops, stopping
+        at the first that lets at most guard_factor*k pass; all counted among ``passing`` (every
+        raise keeps fewer), with no pass over x."""
+        o, thr = self.options, self.value
+        if not o.guard_loops or thr <= 0 or passing.numel() <= o.guard_factor * k:
+            return None
+        candidates = raised(thr, o.guard_scale, o.guard_loops)
+        counts = counts_at_least(x, candidates, among=passing)
+        return candidates[first_within(counts, lambda c: c <= o.guard_factor * k)]
+
     def guarded(self, magnitudes: torch.Tensor, k: int) -> float:
         """The reused threshold, raised while more than guard_factor*k entries would pass."""
         thr = self.value
-        for _ in range(self.options.guard_loops):
-            if thr <= 0 or int(torch.count_nonzero(magnitudes >= thr)) <= self.options.guard_factor * k:
-                break
-            thr *= self.options.guard_scale
+        if thr > 0:
+            thr = self._guard(magnitudes, select_at_least(magnitudes, thr), k) or thr
         self.value = thr
         return thr
 
@@ -128,30 +142,23 @@ class ThresholdEstimator:
             return self.set_exact(kth_largest(magnitudes, k))
         return self.guarded(magnitudes, k)
 
-    def select(self, x: torch.Tensor, magnitudes: torch.Tensor, k: int, step: int) -> torch.Tensor:
-        """Sorted int64 indices selected at ``step`` (exact or guarded threshold), then nudged.
-
-        Same result as :meth:`threshold` + :func:`select_at`, but the guard counts the mask it
-        selects with, so a step without a guard raise reads the magnitudes once."""
-        o = self.options
-        if o.cap:
-            return self._select_capped(x, magnitudes, k, step)
+    def select(self, x: torch.Tensor, k: int, step: int) -> torch.Tensor:
+        """Sorted int64 indices of flat ``x`` selected at ``step`` (exact or guarded threshold,
+        |x| >= threshold), then nudged."""
+        if self.options.cap:
+            return self._select_capped(x, k, step)
         if self.due(step):
-            mask = passing(x, magnitudes, self.set_exact(kth_largest(magnitudes, k)))
+            idx = select_at_least(x, self.set_exact(kth_largest(x.abs(), k)), self.scratch)
         else:
-            thr = self.value
-            mask = passing(x, magnitudes, thr)
-            for _ in range(o.guard_loops):
-                if thr <= 0 or int(torch.count_nonzero(mask)) <= o.guard_factor * k:
-                    break
-                thr *= o.guard_scale
-                mask = passing(x, magnitudes, thr)
-            self.value = thr
-        idx = torch.nonzero(mask).view(-1)
+            idx = select_at_least(x, self.value, self.scratch)
+            thr = self._guard(x, idx, k)
+            if thr is not None:  # a raise keeps a subset of the selection: no second pass over x
+                self.value = thr
+                idx = idx[compact(at_least(x.reshape(-1)[idx], thr))]
         self.observe(idx.numel(), k)
         return idx
 
-    def _select_capped(self, x: torch.Tensor, magnitudes: torch.Tensor, k: int, step: int) -> torch.Tensor:
+    def _select_capped(self, x: torch.Tensor, k: int, step: int) -> torch.Tensor:
         """At most cap*k entries: more pass the reused threshold -> the exact top-(cap*k) of those
         that pass (they hold all of them: cheap, no pass over the whole tensor); fewer than
         lower*k -> the exact threshold. After either, the threshold kept for the next steps
@@ -162,18 +169,17 @@ class ThresholdEstimator:
         aim = max(1, math.ceil((o.lower + o.cap) / 2 * k))
         due = self.due(step)
         if due:
-            mask = passing(x, magnitudes, self.set_exact(kth_largest(magnitudes, k)))
+            idx = select_at_least(x, self.set_exact(kth_largest(x.abs(), k)), self.scratch)
         else:
-            mask = passing(x, magnitudes, self.value)
-            if int(torch.count_nonzero(mask)) < o.lower * k and k < magnitudes.numel():
+            idx = select_at_least(x, self.value, self.scratch)
+            if idx.numel() < o.lower * k and k < x.numel():
                 self.recomputes += 1
                 self.exact_computations += 1
-                top = torch.topk(magnitudes.reshape(-1), k, sorted=True).values
-                self.value = float(top[aim - 1])
-                mask = passing(x, magnitudes, float(top[-1]))
-        idx = torch.nonzero(mask).view(-1)
+                top = torch.topk(x.reshape(-1).abs(), k, sorted=True).values
+                self.value, last = top[[aim - 1, k - 1]].tolist()
+                idx = select_at_least(x, last, self.scratch)
         if idx.numel() > cap:   # ties at an exact threshold, or a reused one fallen behind
-            top = torch.topk(magnitudes.reshape(-1)[idx], cap, sorted=True)
+            top = torch.topk(x.reshape(-1)[idx].abs(), cap, sorted=True)
             idx = torch.sort(idx[top.indices]).values
             if not due:
                 self.recomputes += 1
@@ -209,7 +215,6 @@ class ThresholdSelector:
     def __init__(self, options: ThresholdOptions | None = None):
         self.estimator = ThresholdEstimator(options)
         self.calls = 0
-        self._mags: torch.Tensor | None = None  # |x| buffer reused between calls (no page faults)
 
     @property
     def recompute_every(self) -> int:
@@ -220,9 +225,7 @@ class ThresholdSelector:
         return self.estimator.value
 
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        flat = x.reshape(-1)
-        self._mags = magnitudes_into(flat, self._mags)
-        idx = self.estimator.select(flat, self._mags, k, self.calls)
+        idx = self.estimator.select(x.reshape(-1), k, self.calls)
         self.calls += 1
         return idx
 

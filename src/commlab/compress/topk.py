@@ -18,5 +18,7 @@ def exact_topk(x: torch.Tensor, k: int) -> torch.Tensor:
 class ExactTopk:
     """Stateless wrapper of :func:`exact_topk`."""
 
+    exact_count = True  # returns exactly min(k, n) indices (the count every rank can know)
+
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
         return exact_topk(x, k)

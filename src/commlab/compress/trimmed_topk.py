@@ -8,9 +8,11 @@ entries above a coarse threshold and runs the exact top-k on those survivors onl
 lowering ``r`` until at least ``k`` entries survive (``|v| > thr``), then ``torch.topk`` on the
 survivors. The result is **exactly** the top-k (up to ties, which ``torch.topk`` breaks): the
 survivors are a top set holding at least k entries, so their k largest are the tensor's k largest.
-We find the release's ``r`` (the first of the ten with enough survivors) by bisection over the ten
-ratios instead of scanning them in order: about four counting passes, the later ones over the
-survivors of an earlier probe rather than the whole layer.
+We find the release's ``r`` (the first of the ten with enough survivors) by counting all ten
+thresholds in one pass (:func:`commlab.compress.scan.counts_above`: one read of the layer and one
+host read of ten counts) instead of scanning them pass by pass, then compact the survivors of
+that ``r`` once: three passes over the layer (the mean and maximum, the counts, the mask) and
+three host syncs, whatever ``r``.
 
 Where we depart from the release (feifeibear/89757, ``select_trim_topk``): the release keeps
 lowering ``r`` below 0 in steps of 0.1 until enough survive, which takes arbitrarily many passes
@@ -26,66 +28,46 @@ Usage::
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from commlab.compress.binary_search import COMPACT_FRACTION, Workspace
+from commlab.compress.scan import Scratch, counts_above, magnitude_stats, select_above
 from commlab.registry import SELECTORS
 
 RATIOS = tuple(i / 10 for i in range(9, -1, -1))  # 0.9, 0.8, ..., 0.0 as in the release
 
 
 def trimmed_topk(x: torch.Tensor, k: int, ratios: tuple[float, ...] = RATIOS,
-                 workspace: Workspace | None = None) -> torch.Tensor:
+                 scratch: Scratch | None = None) -> torch.Tensor:
     """Indices (int64) of the ``k`` entries of ``x.view(-1)`` with the largest |x|.
 
-    ``ratios`` must decrease; ``workspace`` lends reusable |x| and mask buffers."""
+    ``ratios`` must decrease; ``scratch`` lends reusable mask buffers."""
     if k < 1:
         raise ValueError(f"k must be at least 1, got {k}")
-    flat = x.reshape(-1)
-    n = flat.numel()
-    if k >= n:
-        return torch.arange(n, device=flat.device)
-    ws = workspace if workspace is not None else Workspace()
-    a = ws.abs(flat)
-    mean, top = float(a.mean()), float(a.max())
-    if not (math.isfinite(mean) and math.isfinite(top)):
-        raise ValueError("trimmed_topk: the tensor holds NaN or infinite values")
+    if k >= x.numel():
+        return torch.arange(x.numel(), device=x.device)
+    flat, mean, top = magnitude_stats(x, "trimmed_topk")
     if top > mean:
-        # The release scans r = 0.9, 0.8, ... and stops at the first r leaving >= k survivors. The
-        # count only grows as r falls, so a bisection over the ten ratios finds the same r in about
-        # four probes. Once a probe leaves few enough survivors (COMPACT_FRACTION of n), they are
-        # gathered and the later, higher thresholds are counted among them only.
-        work, work_idx = a, None  # candidates: all of `a`, or the survivors of an earlier probe
-        lo, hi = 0, len(ratios)  # the answer is the first index i in [lo, hi] with >= k survivors
-        while lo < hi:
-            mid = (lo + hi) // 2
-            mask = ws.above(work, mean + ratios[mid] * (top - mean))
-            count = int(torch.count_nonzero(mask))
-            if count >= k:
-                hi = mid
-                if count <= COMPACT_FRACTION * n:
-                    sel = torch.nonzero(mask).view(-1)
-                    work_idx = sel if work_idx is None else work_idx[sel]
-                    work = a[work_idx]
-            else:
-                lo = mid + 1
-        if lo < len(ratios):
-            sel = torch.nonzero(ws.above(work, mean + ratios[lo] * (top - mean))).view(-1)
-            survivors = sel if work_idx is None else work_idx[sel]
-            best = torch.topk(a[survivors], k, sorted=False).indices
+        # The release scans r = 0.9, 0.8, ... and stops at the first r leaving >= k survivors
+        # (|v| > thr): all ten counted in one pass, the first that has enough is the release's r.
+        thresholds = [mean + r * (top - mean) for r in ratios]
+        counts = counts_above(flat, thresholds)
+        first = next((i for i, c in enumerate(counts) if c >= k), None)
+        if first is not None:
+            survivors = select_above(flat, thresholds[first], scratch)
+            best = torch.topk(flat[survivors].abs(), k, sorted=False).indices
             return survivors[best]
     # Fewer than k entries above the mean (or all magnitudes equal): select on the whole tensor.
-    return torch.topk(a, k, sorted=False).indices
+    return torch.topk(flat.abs(), k, sorted=False).indices
 
 
 @SELECTORS.register("trimmed_topk")
 class TrimmedTopk:
-    """:func:`trimmed_topk` with buffers reused between calls (no other state)."""
+    """:func:`trimmed_topk` with mask buffers reused between calls (no other state)."""
+
+    exact_count = True  # returns exactly min(k, n) indices (the count every rank can know)
 
     def __init__(self):
-        self.workspace = Workspace()
+        self.scratch = Scratch()
 
     def __call__(self, x: torch.Tensor, k: int) -> torch.Tensor:
-        return trimmed_topk(x, k, workspace=self.workspace)
+        return trimmed_topk(x, k, scratch=self.scratch)

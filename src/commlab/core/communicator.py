@@ -238,7 +238,7 @@ class Communicator:
             )
         if recv_counts is None:
             recv_counts = self.exchange_counts(send_counts)
-        row = tensor[0].numel() if tensor.dim() > 1 else 1
+        row = math.prod(tensor.shape[1:])  # elements per row (a tensor may have no rows)
         out = torch.empty((sum(recv_counts), *tensor.shape[1:]), dtype=tensor.dtype,
                           device=tensor.device)
         span = self._start(tensor)

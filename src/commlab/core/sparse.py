@@ -1,21 +1,28 @@
-"""Sparse collectives shared by every sparse method (Li & Hoefler, PPoPP'22, section 3: Ok-Topk's building blocks).
+"""Sparse collectives shared by every sparse method (Li & Hoefler, PPoPP'22, section 3: Ok-Topk's
+building blocks; docs/performance.md, "Sparse messages").
 
 A sparse contribution is a pair of tensors: ``indices`` (positions in a flat tensor of ``n``
-elements) and ``values``. Indices always travel in their own integer tensor of
-:func:`index_dtype` (int32 below 2^31 elements, int64 above), values in
-their own dtype; nothing is packed into floats, so indices above 2^24 stay exact. Everything is
-built on the :class:`~commlab.core.Communicator`, so every element and byte is counted, and works
-on gloo and NCCL alike: data stay on their device, only the per-rank counts are read on the host.
+elements) and ``values``. On the wire the pairs of a message travel **in one integer tensor**
+(:class:`Pairs`): one row per pair, the index in column 0 and the value's exact bit pattern
+(``values.view(int)``) in column 1, in a word of :func:`wire_dtype` (int32 when the index fits
+and the value has at most 4 bytes, else int64). So one collective moves both, nothing is ever
+packed into floats (indices above 2^24 stay exact) and every value arrives bit for bit. The
+Communicator charges a packed message what it carries: 2 elements per pair (an index and a
+value) of the word's size, so 8 bytes per float32 pair with int32 indices, as two messages did.
+Everything is built on the :class:`~commlab.core.Communicator`, so every element and byte is
+counted, and works on gloo and NCCL alike: data stay on their device, only per-rank counts are
+read on the host, once per exchange.
 
 * :func:`allgatherv_pairs`: every rank gets every rank's pairs (uneven and empty contributions
-  allowed). The counts are gathered once for both tensors.
+  allowed): the counts (gathered first unless given), then one allgather of the packed pairs
+  padded to the largest count, the padding counted as sent.
 * :func:`split_and_reduce`: the index space is cut into P regions; every rank sends its pairs of
-  region j to rank j (counts exchanged first) and rank j sums what it receives. With
-  ``schedule="alltoall"`` one ``all_to_all`` per tensor moves everything: gloo's alltoallv already
-  posts its sends in rotated order (rank i sends to i+1, i+2, ... and receives from i-1, i-2, ...),
-  which is the rotation of the paper. ``schedule="rounds"`` spells the rotation out as P-1 rounds
-  in which rank i sends only to i+r and receives only from i-r (the release's pattern, for NCCL or
-  real links where the backend's own order does not rotate).
+  region j to rank j (the counts exchanged first, read on the host once) and rank j sums what it
+  receives. With ``schedule="alltoall"`` one ``all_to_all`` of packed pairs moves everything:
+  gloo's alltoallv already posts its sends in rotated order (rank i sends to i+1, i+2, ... and
+  receives from i-1, i-2, ...), which is the rotation of the paper. ``schedule="rounds"`` spells
+  the rotation out as P-1 rounds in which rank i sends only to i+r and receives only from i-r (the
+  release's pattern, for NCCL or real links where the backend's own order does not rotate).
 * :func:`balanced_boundaries`: region boundaries proposed by each rank at the quantiles of its
   selected indices and averaged over the ranks (one allreduce of P-1 integers), so that every
   region receives about the same number of selected entries.
@@ -27,10 +34,12 @@ Usage::
 
     b = balanced_boundaries(comm, selected, n)             # P+1 boundaries, b[0]=0, b[P]=n
     idx, val = split_and_reduce(comm, selected, acc[selected], b, sorted_indices=True)
-    all_idx, all_val, counts = allgatherv_pairs(comm, idx, val)
+    all_idx, all_val, counts = allgatherv_pairs(comm, idx, val, n)
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -43,6 +52,7 @@ def index_dtype(n: int) -> torch.dtype:
 
 
 SCHEDULES = ("alltoall", "rounds")
+_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}  # a value's bit pattern
 
 
 def _as_index(indices: torch.Tensor, n: int) -> torch.Tensor:
@@ -53,40 +63,90 @@ def _relabel(comm: Communicator, op: str) -> None:
     comm.stats.relabel_last(op)
 
 
+# ---------------------------------------------------------------------- packed pairs
+def wire_dtype(n: int, values: torch.dtype) -> torch.dtype:
+    """The integer word of a packed pair of an ``n``-element tensor with ``values`` of this dtype:
+    int32 when the index fits int32 and the value has at most 4 bytes, else int64 (a narrower
+    index or value is widened to it; both stay exact)."""
+    return torch.int32 if index_dtype(n) == torch.int32 and values.itemsize <= 4 else torch.int64
+
+
+@dataclass
+class Pairs:
+    """(index, value) pairs packed in one integer tensor: ``packed`` has one row per pair, the
+    index in column 0 and the value's bit pattern in column 1 (:func:`wire_dtype` words);
+    ``dtype`` is the values' dtype. :meth:`pack` and :meth:`unpack` are exact inverses."""
+
+    packed: torch.Tensor
+    dtype: torch.dtype
+
+    @classmethod
+    def pack(cls, indices: torch.Tensor, values: torch.Tensor, n: int, rows: int | None = None) -> Pairs:
+        """Pack ``indices`` (< ``n``) and ``values``; ``rows`` > their number pads with zero rows."""
+        idx, val = indices.reshape(-1), values.reshape(-1).contiguous()
+        if idx.numel() != val.numel():
+            raise ValueError(f"indices ({idx.numel()}) and values ({val.numel()}) differ in length")
+        m = idx.numel()
+        rows = m if rows is None else rows
+        word = wire_dtype(n, val.dtype)
+        make = torch.empty if rows == m else torch.zeros
+        packed = make((rows, 2), dtype=word, device=val.device)
+        packed[:m, 0] = idx
+        packed[:m, 1] = val.view(_SAME_WIDTH_INT[val.element_size()])  # sign-extended bits: exact
+        return cls(packed, val.dtype)
+
+    @property
+    def rows(self) -> int:
+        return self.packed.shape[0]
+
+    def unpack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """int64 indices and the values, bit for bit as packed."""
+        bits = self.packed[:, 1].to(_SAME_WIDTH_INT[self.dtype.itemsize])
+        return self.packed[:, 0].long(), bits.contiguous().view(self.dtype)
+
+
 def gather_counts(comm: Communicator, rows: int, device: torch.device) -> list[int]:
     """Every rank's row count (one all_gather of one int64 per rank)."""
-    mine = torch.tensor([rows], dtype=torch.int64, device=device)
+    mine = torch.full((1,), rows, dtype=torch.int64, device=device)
     counts = comm.all_gather(mine).view(-1).tolist()
     _relabel(comm, "sparse_counts")
     return [int(c) for c in counts]
+
+
+def _allgather_padded(comm: Communicator, pairs: Pairs, counts: list[int]) -> Pairs:
+    """Ring allgather of every rank's packed pairs, each padded to the largest count (the padding
+    is sent and counted); returns the pairs of every rank in rank order, padding dropped."""
+    width = max(counts)
+    if pairs.rows < width:
+        pairs = Pairs(torch.cat([pairs.packed, pairs.packed.new_zeros((width - pairs.rows, 2))]), pairs.dtype)
+    every = comm.all_gather(pairs.packed)  # (P, width, 2)
+    return Pairs(torch.cat([every[j, :c] for j, c in enumerate(counts)]), pairs.dtype)
 
 
 def allgatherv_pairs(comm: Communicator, indices: torch.Tensor, values: torch.Tensor, n: int,
                      counts: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Gather every rank's (indices, values) pairs; returns them concatenated in rank order.
 
-    ``n`` is the length of the dense tensor the indices point into (it fixes the index dtype).
+    ``n`` is the length of the dense tensor the indices point into (it fixes the wire word).
     ``counts`` (every rank's number of pairs) skips the count exchange when already known.
-    Returned indices are int64, values keep their dtype. Cost per rank i: sent (P-1)·n_i pairs,
-    received sum_{j!=i} n_j pairs (each pair = one index + one value element)."""
+    Returned indices are int64, values keep their dtype. Cost per rank: (P-1) counts unless given,
+    then (P-1)·max_j n_j packed pairs (2 elements each): the allgather of the largest
+    contribution, which every rank pays (the busiest rank's cost of an allgatherv)."""
     if indices.numel() != values.numel():
         raise ValueError(f"indices ({indices.numel()}) and values ({values.numel()}) differ in length")
-    rows = indices.numel()
     if counts is None:
-        counts = gather_counts(comm, rows, values.device)
-    p = comm.size
-    idx = _as_index(indices, n)
-    val = values.reshape(-1)
-    if p == 1:
-        return idx.long(), val.clone(), counts
-    # Every rank receives the same block: an all_to_all whose P send blocks are copies of ours.
-    out_idx, _ = comm.all_to_all_single(idx.repeat(p), [rows] * p, counts)
-    _relabel(comm, "sparse_allgatherv_indices")
-    out_val, _ = comm.all_to_all_single(val.repeat(p), [rows] * p, counts)
-    _relabel(comm, "sparse_allgatherv_values")
-    return out_idx.long(), out_val, counts
+        counts = gather_counts(comm, indices.numel(), values.device)
+    if comm.size == 1:
+        return indices.reshape(-1).long(), values.reshape(-1).clone(), counts
+    if max(counts) == 0:
+        return indices.reshape(-1).long(), values.reshape(-1), counts
+    every = _allgather_padded(comm, Pairs.pack(indices, values, n), counts)
+    _relabel(comm, "sparse_allgatherv")
+    all_idx, all_val = every.unpack()
+    return all_idx, all_val, counts
 
 
+# ---------------------------------------------------------------------- regions
 def equal_boundaries(n: int, p: int) -> list[int]:
     """P+1 boundaries cutting ``n`` indices into P contiguous regions of (almost) equal length."""
     chunks = ring_chunks(n, p)
@@ -119,22 +179,44 @@ def balanced_boundaries(comm: Communicator, selected: torch.Tensor, n: int) -> l
     return [0, *[int(b) for b in inner], n]
 
 
-def _region_counts(indices: torch.Tensor, boundaries: list[int], sorted_indices: bool
-                   ) -> tuple[torch.Tensor, list[int]]:
-    """Order that groups ``indices`` by region, and the number of indices in each region."""
-    p = len(boundaries) - 1
-    inner = torch.tensor(boundaries[1:p], dtype=indices.dtype, device=indices.device)
+class Regions:
+    """P+1 region boundaries and their inner P-1 on the device, made once per change of the
+    boundaries (a Python list turned into a device tensor at every step would be a blocking
+    host-to-device copy)."""
+
+    def __init__(self, boundaries: list[int]):
+        self.bounds = [int(b) for b in boundaries]
+        self._inner: dict[tuple, torch.Tensor] = {}
+
+    def inner(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (str(device), dtype)
+        if key not in self._inner:
+            self._inner[key] = torch.tensor(self.bounds[1:-1], dtype=dtype, device=device)
+        return self._inner[key]
+
+
+def _region_counts(comm: Communicator, indices: torch.Tensor, regions: Regions, sorted_indices: bool
+                   ) -> tuple[torch.Tensor | None, list[int], list[int]]:
+    """Order that groups ``indices`` by region (None when they are sorted), and this rank's send
+    and receive counts per region: counted on the device, exchanged with one all_to_all of P
+    int64, and read on the host once for both."""
+    p = comm.size
+    inner = regions.inner(indices.device, indices.dtype)
     if sorted_indices:
-        cuts = torch.searchsorted(indices, inner, right=False).tolist()
-        edges = [0, *cuts, indices.numel()]
-        return None, [edges[j + 1] - edges[j] for j in range(p)]
-    region = torch.searchsorted(inner, indices, right=True)
-    order = torch.argsort(region, stable=True)
-    counts = torch.bincount(region, minlength=p).tolist()
-    return order, [int(c) for c in counts]
-
-
-_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+        order = None
+        cuts = torch.searchsorted(indices, inner, right=False)
+        edges = torch.cat([cuts.new_zeros(1), cuts, cuts.new_full((1,), indices.numel())])
+        send = edges[1:] - edges[:-1]
+    else:
+        region = torch.searchsorted(inner, indices, right=True)
+        order = torch.argsort(region, stable=True)
+        send = torch.zeros(p, dtype=torch.int64, device=indices.device).index_add_(
+            0, region, torch.ones_like(region))
+    send = send.to(torch.int64).to(comm.device)
+    recv, _ = comm.all_to_all_single(send, [1] * p, [1] * p)
+    _relabel(comm, "sparse_split_counts")
+    both = torch.cat([send, recv]).tolist()
+    return order, both[:p], both[p:]
 
 
 def canonical_order(indices: torch.Tensor, values: torch.Tensor, n: int | None = None) -> torch.Tensor:
@@ -168,44 +250,43 @@ def reduce_pairs(indices: torch.Tensor, values: torch.Tensor, n: int | None = No
     order = canonical_order(idx, val, n)
     idx, val = idx[order], val[order]
     uniq, counts = torch.unique_consecutive(idx, return_counts=True)
-    return uniq, torch.segment_reduce(val, "sum", lengths=counts)
+    # unsafe: the lengths come from unique_consecutive, so the host-side check (a sync) is moot
+    return uniq, torch.segment_reduce(val, "sum", lengths=counts, unsafe=True)
 
 
 def split_and_reduce(comm: Communicator, indices: torch.Tensor, values: torch.Tensor,
-                     boundaries: list[int], sorted_indices: bool = False, schedule: str = "alltoall"
+                     boundaries: list[int] | Regions, sorted_indices: bool = False, schedule: str = "alltoall"
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Send each pair to the rank owning its region and sum there.
 
-    ``boundaries`` has P+1 entries (region j = [b_j, b_{j+1}), b_P = n). Returns this rank's
-    reduced region: sorted unique int64 indices (the union of what every rank sent into the
-    region) and the sums of their values. ``sorted_indices=True`` promises ascending indices and
-    saves a sort. Cost per rank: P-1 counts each way, then sent = the pairs of other regions,
-    received = the pairs other ranks sent into this region."""
+    ``boundaries`` has P+1 entries (region j = [b_j, b_{j+1}), b_P = n), as a list or as
+    :class:`Regions` (which keeps their device copy between calls). Returns this rank's reduced
+    region: sorted unique int64 indices (the union of what every rank sent into the region) and
+    the sums of their values. ``sorted_indices=True`` promises ascending indices and saves a sort.
+    Cost per rank: P-1 counts each way, then sent = the pairs of other regions, received = the
+    pairs other ranks sent into this region (2 elements per pair)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     p = comm.size
-    if len(boundaries) != p + 1:
-        raise ValueError(f"need {p + 1} region boundaries for {p} ranks, got {len(boundaries)}")
-    n = boundaries[-1]
+    regions = boundaries if isinstance(boundaries, Regions) else Regions(boundaries)
+    if len(regions.bounds) != p + 1:
+        raise ValueError(f"need {p + 1} region boundaries for {p} ranks, got {len(regions.bounds)}")
+    n = regions.bounds[-1]
     idx = indices.reshape(-1)
     val = values.reshape(-1)
     if idx.numel() != val.numel():
         raise ValueError(f"indices ({idx.numel()}) and values ({val.numel()}) differ in length")
-    order, send_counts = _region_counts(idx, boundaries, sorted_indices)
-    if order is not None:
-        idx, val = idx[order], val[order]
     if p == 1:
         return reduce_pairs(idx, val, n)
-    recv_counts = comm.exchange_counts(send_counts)
-    _relabel(comm, "sparse_split_counts")
-    idx = _as_index(idx, n)
+    order, send_counts, recv_counts = _region_counts(comm, idx, regions, sorted_indices)
+    if order is not None:
+        idx, val = idx[order], val[order]
     if schedule == "alltoall":
-        got_idx, _ = comm.all_to_all_single(idx, send_counts, recv_counts)
-        _relabel(comm, "sparse_split_indices")
-        got_val, _ = comm.all_to_all_single(val, send_counts, recv_counts)
-        _relabel(comm, "sparse_split_values")
+        got, _ = comm.all_to_all_single(Pairs.pack(idx, val, n).packed, send_counts, recv_counts)
+        _relabel(comm, "sparse_split_pairs")
+        got_idx, got_val = Pairs(got, val.dtype).unpack()
     else:
-        got_idx, got_val = _rotated_rounds(comm, idx, val, send_counts, recv_counts)
+        got_idx, got_val = _rotated_rounds(comm, _as_index(idx, n), val, send_counts, recv_counts)
     return reduce_pairs(got_idx, got_val, n)
 
 
@@ -241,43 +322,30 @@ def _overlaps(starts: list[int], sizes: list[int], lo: int, hi: int) -> list[int
     return [max(0, min(hi, s + c) - max(lo, s)) for s, c in zip(starts, sizes, strict=True)]
 
 
-def balance_pairs(comm: Communicator, indices: torch.Tensor, values: torch.Tensor, n: int,
-                  counts: list[int]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """Re-distribute pairs so that rank j holds the j-th of P (almost) equal slices of the
+def balance_pairs(comm: Communicator, pairs: Pairs, counts: list[int]) -> tuple[Pairs, list[int]]:
+    """Re-distribute packed pairs so that rank j holds the j-th of P (almost) equal slices of the
     rank-ordered concatenation of everyone's pairs. ``counts`` are every rank's pair counts (from
     :func:`gather_counts`), so no further count exchange is needed. Only the surplus moves: rank i
-    sends the part of its block that falls outside its slice. Returns this rank's slice (indices in
-    the wire dtype) and every rank's slice size."""
+    sends the part of its block that falls outside its slice (one all_to_all of packed pairs).
+    Returns this rank's slice and every rank's slice size."""
     p, me = comm.size, comm.rank
     owned = ring_chunks(sum(counts), p)
     src_start = [sum(counts[:j]) for j in range(p)]
     dst_start = [sum(owned[:j]) for j in range(p)]
     send = _overlaps(dst_start, owned, src_start[me], src_start[me] + counts[me])
     recv = _overlaps(src_start, counts, dst_start[me], dst_start[me] + owned[me])
-    bal_idx, _ = comm.all_to_all_single(_as_index(indices, n), send, recv)
-    _relabel(comm, "sparse_balance_indices")
-    bal_val, _ = comm.all_to_all_single(values.reshape(-1), send, recv)
-    _relabel(comm, "sparse_balance_values")
-    return bal_idx, bal_val, owned
+    got, _ = comm.all_to_all_single(pairs.packed, send, recv)
+    _relabel(comm, "sparse_balance_pairs")
+    return Pairs(got, pairs.dtype), owned
 
 
-def allgather_equal(comm: Communicator, indices: torch.Tensor, values: torch.Tensor, owned: list[int]
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ring allgather of balanced slices (sizes ``owned`` differ by at most one; the shorter ones
-    are padded by one pair, and the padding is counted as sent). Returns int64 indices and values
-    in rank order."""
-    p = comm.size
-    width = max(owned)
-    pad = width - indices.numel()
-    if pad:
-        indices = torch.cat([indices, indices.new_zeros(pad)])
-        values = torch.cat([values, values.new_zeros(pad)])
-    all_idx = comm.all_gather(indices)
-    _relabel(comm, "sparse_allgather_indices")
-    all_val = comm.all_gather(values)
-    _relabel(comm, "sparse_allgather_values")
-    return (torch.cat([all_idx[j, :owned[j]] for j in range(p)]).long(),
-            torch.cat([all_val[j, :owned[j]] for j in range(p)]))
+def allgather_equal(comm: Communicator, pairs: Pairs, owned: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Ring allgather of balanced slices of packed pairs (sizes ``owned`` differ by at most one;
+    the shorter ones are padded by one pair, and the padding is counted as sent). Returns int64
+    indices and values in rank order."""
+    every = _allgather_padded(comm, pairs, owned)
+    _relabel(comm, "sparse_allgather_pairs")
+    return every.unpack()
 
 
 def allgather_balanced(comm: Communicator, indices: torch.Tensor, values: torch.Tensor, n: int,
@@ -288,8 +356,8 @@ def allgather_balanced(comm: Communicator, indices: torch.Tensor, values: torch.
         counts = gather_counts(comm, indices.numel(), values.device)
     if comm.size == 1 or sum(counts) == 0:
         return indices.reshape(-1).long(), values.reshape(-1).clone(), counts
-    bal_idx, bal_val, owned = balance_pairs(comm, indices, values, n, counts)
-    all_idx, all_val = allgather_equal(comm, bal_idx, bal_val, owned)
+    balanced, owned = balance_pairs(comm, Pairs.pack(indices, values, n), counts)
+    all_idx, all_val = allgather_equal(comm, balanced, owned)
     return all_idx, all_val, counts
 
 

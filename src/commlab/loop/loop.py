@@ -11,7 +11,8 @@ rank's checkpoint when there is one); :func:`steps` is the step loop. A step
 (:func:`~commlab.loop.method.take_step`) is forward, backward, ``algo.after_backward`` (gradient
 sync), clipping, optimizer step, ``algo.after_step`` (model sync). Every ``train.log_every``
 steps a log point runs on every rank: one small allreduce on the control channel (outside the
-Communicator's accounting: it is instrumentation, not the method's traffic) averages the loss,
+Communicator's accounting: it is instrumentation, not the method's traffic) averages the loss
+(summed on the device step by step and read by the host only there: docs/performance.md),
 spreads a SIGTERM to every rank so all checkpoint at the same step, and stops the run on a
 non-finite loss anywhere; then the run's device clock is read (:mod:`.timing`: on CUDA the
 collectives', selections' and steps' event pairs of the window, one wait for the device), the
@@ -71,7 +72,7 @@ from commlab.loop.tasks import build_task
 from commlab.loop.timing import StepTimer
 from commlab.models import build_model
 
-__all__ = ["EXIT_PREEMPTED", "Run", "steps", "train"]
+__all__ = ["EXIT_PREEMPTED", "Run", "add_loss", "steps", "train"]
 
 
 def train(config: dict, sentinel=None, options=None) -> dict:
@@ -132,6 +133,13 @@ def steps(run: Run, stop: StopSignal) -> None:
                     raise Preempted()
 
 
+def add_loss(window: torch.Tensor, loss: torch.Tensor) -> None:
+    """Add a step's loss to the log window, on the device (no host read): a non-finite loss makes
+    the window infinite, which the log point reports as a non-finite loss."""
+    loss = loss.detach().to(window.dtype)
+    window.add_(torch.where(torch.isfinite(loss), loss, torch.full_like(loss, math.inf)))
+
+
 class Run:
     """One rank's experiment: what a step needs, and the step, log point, epoch end and finish."""
 
@@ -160,6 +168,9 @@ class Run:
 
         self.p = Progress()
         self.resume()
+        # The loss window lives on the device: the host reads it at log points and checkpoints
+        # only (a per-step read would make the host wait for every step's kernels).
+        self.loss_window = torch.full((), self.p.window_loss, dtype=torch.float64, device=rt.device)
         # MLflow gets every method option, the defaults included, so that runs compare on all of them.
         # The emulated link's figures (network.emulated) are params of their own: network_label, ...
         network = dict(config.get("network") or {})
@@ -227,8 +238,7 @@ class Run:
         with self.timer.step():
             loss = take_step(algo, StepInfo(p.step, p.epoch, self.lr), lambda: self._backward(batch))
 
-        loss_value = loss.item()
-        p.window_loss += loss_value if math.isfinite(loss_value) else float("inf")
+        add_loss(self.loss_window, loss)
         p.window_n += 1
         p.step += 1
         p.pos += 1
@@ -248,6 +258,7 @@ class Run:
         """Every rank: the control allreduce, the method's metrics, rank 0's log. Returns whether
         all ranks stop now (a SIGTERM reached one of them); the checkpoint is then written."""
         p, rt = self.p, self.rt
+        p.window_loss = float(self.loss_window)
         mean_loss, stop_now, bad = control(p.window_loss, p.window_n, stop_requested, self.control)
         if bad:
             raise NonFiniteLoss(f"non-finite training loss at step {p.step} (epoch {p.epoch}) on {bad} rank(s); "
@@ -261,6 +272,7 @@ class Run:
             p.golden.append({"step": p.step, "train_loss": round(mean_loss, 6)})
         self.display.show_loss(mean_loss)
         p.window_loss, p.window_n = 0.0, 0
+        self.loss_window.zero_()
         if stop_now:
             self.logger.flush()
             self.checkpoint()
@@ -298,6 +310,7 @@ class Run:
 
     def checkpoint(self) -> None:
         self.p.compute_s += self.timer.settle()
+        self.p.window_loss = float(self.loss_window)
         save_checkpoint(self.ckpt_dir, self.p.step, self.rt.rank, self.rt.world_size, {
             "model": self.model.state_dict(), "optimizer": self.algo.optimizer.state_dict(),
             "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(),

@@ -1,0 +1,266 @@
+"""The passes every threshold selector is built from (docs/performance.md, "Selection passes").
+
+A threshold selection reads the tensor, keeps the entries with |x| >= t and returns their
+positions. Written naively it makes several passes: ``|x|`` into a buffer (read 4n, write 4n
+bytes), the comparison (read 4n, write n), a count (read n), the compaction (read n): about 15
+bytes moved per element against 4 for one read. The selectors here use three building blocks
+instead:
+
+* :func:`at_least` / :func:`above`: the mask of |x| >= t (or > t) with no |x| buffer: the
+  comparison of x against t and -t in one kernel (``hardshrink`` at the largest value below t,
+  which keeps exactly the entries outside [-t, t)), cast to a mask: read 4n, write 4n, read 4n,
+  write n;
+* :func:`compact`: the positions of a mask, which also counts it (its length): the one host sync
+  of a selection. On the CPU numpy's compaction of a boolean array is several times faster than
+  ``torch.nonzero`` and shares the memory; on a GPU ``torch.nonzero``;
+* :func:`counts_at_least` / :func:`counts_above`: how many entries pass each of many thresholds,
+  in one pass (``torch.bucketize`` against the thresholds and their negatives, then a histogram),
+  so that a search over thresholds (a guard, a correction loop, RedSync's ratios) reads the
+  tensor once per round instead of once per candidate, and the host reads one small vector.
+
+A selection is then: a mask, a compaction and, only when its count misses, one multi-threshold
+count and a second compaction. Thresholds are Python floats compared in the tensor's dtype (the
+comparison rounds t to it, as ``x >= t`` does); NaN entries pass every threshold, so that a NaN
+reaches the update instead of hiding in a residual. Example::
+
+    >>> x = torch.tensor([0.5, -2.0, 1.0, 0.0, -1.0])
+    >>> compact(at_least(x, 1.0))
+    tensor([1, 2, 4])
+    >>> counts_at_least(x, [0.5, 1.0, 3.0])
+    [4, 3, 0]
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+
+# Float formats by their bit patterns, in plain Python: thresholds are host numbers, and host
+# arithmetic done with torch scalars would read like device work.
+_FORMATS = {torch.float64: ("<d", "<Q"), torch.float32: ("<f", "<I"), torch.float16: ("<e", "<H")}
+
+
+def to_bits(t: float, dtype: torch.dtype) -> int:
+    """The bit pattern of ``t`` rounded (to nearest even) to ``dtype``."""
+    if dtype == torch.bfloat16:  # the high half of a float32, rounded to nearest even
+        high = to_bits(t, torch.float32)
+        if math.isnan(t):
+            return high >> 16
+        return (high + 0x7FFF + ((high >> 16) & 1)) >> 16
+    if dtype not in _FORMATS:
+        raise ValueError(f"no float format for dtype {dtype}")
+    value, bits = _FORMATS[dtype]
+    try:
+        return struct.unpack(bits, struct.pack(value, t))[0]
+    except OverflowError:  # beyond the format's largest finite value: rounds to infinity
+        return to_bits(math.copysign(math.inf, t), dtype)
+
+
+def from_bits(bits: int, dtype: torch.dtype) -> float:
+    """The value of a bit pattern of ``dtype``."""
+    if dtype == torch.bfloat16:
+        return from_bits(bits << 16, torch.float32)
+    value, pattern = _FORMATS[dtype]
+    return struct.unpack(value, struct.pack(pattern, bits))[0]
+
+
+def in_dtype(t: float, dtype: torch.dtype) -> float:
+    """``t`` rounded to ``dtype``, as a comparison with a tensor of that dtype rounds it."""
+    return from_bits(to_bits(t, dtype), dtype)
+
+
+def _step(t: float, dtype: torch.dtype, toward: float) -> float:
+    """The neighbour of ``t`` >= 0 (rounded to ``dtype``) in ``dtype``, toward ``toward``."""
+    bits = to_bits(t, dtype)
+    if bits == 0 or (toward == 0 and math.copysign(1.0, from_bits(bits, dtype)) < 0):
+        return from_bits(1, dtype) if toward > 0 else 0.0  # from +-0: the smallest positive value
+    return from_bits(bits + (1 if toward > from_bits(bits, dtype) else -1), dtype)
+
+
+def next_up(t: float, dtype: torch.dtype) -> float:
+    """The smallest value of ``dtype`` above ``t`` (>= 0): |x| > t is |x| >= next_up(t)."""
+    return _step(t, dtype, math.inf)
+
+
+def _tiny(dtype: torch.dtype) -> float:
+    """The smallest positive value of ``dtype``: |x| >= it is x != 0."""
+    return from_bits(1, dtype)
+
+
+class Scratch:
+    """Buffers a selector reuses from call to call for its masks (a fresh multi-megabyte tensor
+    per call costs page faults on the CPU and allocator traffic on a GPU). A mask made in them
+    is valid until the next selection with the same scratch."""
+
+    def __init__(self):
+        self._values: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
+
+    def buffers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A values buffer like ``x`` and a boolean buffer of its length."""
+        if self._values is None or self._values.shape != x.shape or self._values.dtype != x.dtype \
+                or self._values.device != x.device:
+            self._values = torch.empty_like(x)
+            self._mask = torch.empty(x.shape, dtype=torch.bool, device=x.device)
+        return self._values, self._mask
+
+
+_NUMPY_ON_CPU = [True]  # the CPU's own kernels for masks, counts and compactions
+
+
+@contextmanager
+def portable_passes():
+    """Inside the block the CPU runs the passes a GPU runs (torch calls only), so that a
+    :class:`commlab.bench.opcount.TrafficCounter`, which sees torch calls, measures their bytes."""
+    _NUMPY_ON_CPU.append(False)
+    try:
+        yield
+    finally:
+        _NUMPY_ON_CPU.pop()
+
+
+def _numpy(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and _NUMPY_ON_CPU[-1]
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a numpy array (no copy). For the CPU-only arithmetic below: the
+    GPU's path makes no host read there, so neither does this."""
+    return np.asarray(t)
+
+
+def at_least(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
+    """Boolean mask of the entries of ``x`` with |x| >= t and x != 0 (t <= 0: x != 0; NaN passes),
+    in ``scratch``'s buffers when given. On a GPU one comparison of x against t and -t with no
+    |x| buffer; on the CPU numpy's comparison of |x| (its kernels are several times faster there
+    than torch's)."""
+    t = max(in_dtype(t, x.dtype), _tiny(x.dtype))
+    values, mask = scratch.buffers(x) if scratch is not None else (torch.empty_like(x), None)
+    mask = torch.empty(x.shape, dtype=torch.bool, device=x.device) if mask is None else mask
+    if _numpy(x) and x.dtype != torch.bfloat16:
+        magnitudes = np.abs(_array(x), out=_array(values))
+        np.logical_not(np.less(magnitudes, t, out=_array(mask)), out=_array(mask))
+        return mask
+    # hardshrink(x, l) keeps x where x > l or x < -l: with l the value below t, where |x| >= t
+    return mask.copy_(torch.hardshrink(x, _step(t, x.dtype, 0.0), out=values))
+
+
+def above(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
+    """Boolean mask of the entries with |x| > t (t < 0: x != 0)."""
+    return at_least(x, next_up(t, x.dtype) if t >= 0 else 0.0, scratch)
+
+
+def compact(mask: torch.Tensor) -> torch.Tensor:
+    """The int64 positions of the true entries of a flat ``mask``, ascending: the one pass whose
+    result the host must see (its length is the count). On the CPU numpy's compaction of a
+    boolean array, several times faster than ``torch.nonzero`` (its ``.numpy()`` stands for the
+    host read of the GPU's)."""
+    flat = mask.reshape(-1)
+    if _numpy(flat):
+        return torch.from_numpy(np.flatnonzero(flat.numpy()))
+    return torch.nonzero(flat).view(-1)
+
+
+def select_at_least(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
+    """Sorted int64 positions of the entries of flat ``x`` with |x| >= t, x != 0."""
+    return compact(at_least(x.reshape(-1), t, scratch))
+
+
+def select_above(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
+    """Sorted int64 positions of the entries of flat ``x`` with |x| > t."""
+    return compact(above(x.reshape(-1), t, scratch))
+
+
+def magnitude_stats(x: torch.Tensor, who: str) -> tuple[torch.Tensor, float, float]:
+    """``x`` flat (as floats), with its mean |x| and max |x| read on the host together (no |x|
+    buffer); a NaN or infinity raises a ValueError naming ``who``."""
+    flat = x.reshape(-1)
+    if not flat.dtype.is_floating_point:
+        flat = flat.float()
+    low, high = torch.aminmax(flat)
+    both = torch.stack([torch.linalg.vector_norm(flat, ord=1) / flat.numel(), torch.maximum(-low, high)])
+    mean, top = both.tolist()
+    if not (math.isfinite(mean) and math.isfinite(top)):
+        raise ValueError(f"{who}: the tensor holds NaN or infinite values")
+    return flat, mean, top
+
+
+def host_values(values: list[float], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A few host numbers on ``device`` without making the host wait: through pinned memory with
+    an asynchronous copy on a GPU (a plain ``torch.tensor(list, device="cuda")`` blocks)."""
+    host = torch.tensor(values, dtype=dtype)  # host-side: staged for the device
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
+def _histogram(slots: torch.Tensor, bins: int) -> torch.Tensor:
+    if slots.device.type == "cpu":
+        return torch.bincount(slots, minlength=bins)
+    # bincount sizes its output from the data on a GPU (a host sync); an integer index_add does not
+    ones = torch.ones((), dtype=torch.int64, device=slots.device).expand(slots.numel())
+    return torch.zeros(bins, dtype=torch.int64, device=slots.device).index_add_(0, slots, ones)
+
+
+COMPACT_FRACTION = 1 / 64  # the CPU's counts continue on the entries passing a threshold this selective
+
+
+def counts_at_least(x: torch.Tensor, thresholds: list[float], among: torch.Tensor | None = None) -> list[int]:
+    """For each threshold t (in the given order), how many entries have |x| >= t and x != 0, read
+    on the host: one pass over x and one host sync for all of them. ``among`` (positions known to
+    hold every entry that passes the lowest threshold: a selection at or below it) restricts the
+    count to those few entries, no pass over x at all.
+
+    On a GPU the pass is one ``bucketize`` against the thresholds and their negatives, then a
+    histogram. On the CPU, where torch's bucketize is slow, numpy counts the thresholds from the
+    lowest, and continues on the (sorted) entries that pass once a threshold leaves few."""
+    flat = x.reshape(-1)
+    if among is not None:
+        flat = flat[among]
+    dtype = flat.dtype
+    rounded = [max(in_dtype(t, dtype), _tiny(dtype)) for t in thresholds]
+    ts = sorted(set(rounded))
+    per = _counts_cpu(flat, ts) if _numpy(flat) else _counts_bucketize(flat, ts).tolist()
+    at = dict(zip(ts, per, strict=True))
+    return [at[t] for t in rounded]
+
+
+def _counts_cpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
+    """Counts of |x| >= t for ascending ``ts`` on the CPU (NaN passes, as the masks let it). Its
+    ``.numpy()`` stands for the one host read of the GPU's counts."""
+    a = np.abs((flat.float() if flat.dtype == torch.bfloat16 else flat).numpy())
+    n, work, out = a.size, None, []
+    below = np.empty(n, dtype=bool)
+    for t in ts:
+        if work is None:
+            np.less(a, t, out=below)
+            count = n - int(np.count_nonzero(below))
+            if count <= COMPACT_FRACTION * n:  # later thresholds: among these few only
+                work = np.sort(a[~below])
+        else:
+            count = work.size - int(np.searchsorted(work, t, side="left"))
+        out.append(count)
+    return out
+
+
+def _counts_bucketize(flat: torch.Tensor, ts: list[float]) -> torch.Tensor:
+    """Counts of |x| >= t for ascending ``ts`` in one bucketize pass (on x's device)."""
+    dtype, m = flat.dtype, len(ts)
+    # With right=True, bucketize counts the boundaries <= x: x >= t_j passes the j-th positive
+    # boundary; x <= -t_j is x < -(value below t_j), which a negative boundary there separates.
+    bounds = [-_step(t, dtype, 0.0) for t in reversed(ts)] + ts
+    slots = torch.bucketize(flat, host_values(bounds, dtype, flat.device), right=True, out_int32=True)
+    hist = _histogram(slots.reshape(-1), 2 * m + 1)
+    high = hist.flip(0).cumsum(0).flip(0)  # high[i]: entries in slots >= i
+    low = hist.cumsum(0)  # low[i]: entries in slots <= i
+    j = torch.arange(m, device=flat.device)
+    return high[m + 1 + j] + low[m - 1 - j]
+
+
+def counts_above(x: torch.Tensor, thresholds: list[float], among: torch.Tensor | None = None) -> list[int]:
+    """For each threshold t, how many entries have |x| > t (as :func:`counts_at_least`)."""
+    return counts_at_least(x, [next_up(t, x.dtype) if t >= 0 else 0.0 for t in thresholds], among)

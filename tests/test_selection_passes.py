@@ -1,0 +1,117 @@
+"""The selectors' building blocks (compress/scan.py) against brute force: masks of |x| >= t and
+|x| > t with no |x| buffer, one compaction, counts at many thresholds in one pass, and the float
+formats' host arithmetic (rounding and neighbours) against torch's."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+import torch
+
+from commlab.bench.opcount import HostSyncCounter, TrafficCounter
+from commlab.compress.scan import (
+    _counts_bucketize,
+    _counts_cpu,
+    at_least,
+    compact,
+    counts_above,
+    counts_at_least,
+    in_dtype,
+    next_up,
+    portable_passes,
+    select_above,
+    select_at_least,
+)
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def sample(dtype: torch.dtype, n: int = 4000, seed: int = 0) -> torch.Tensor:
+    """Heavy-tailed values with exact zeros, ties and +-pairs."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, generator=g, dtype=torch.float64) * torch.exp(torch.randn(n, generator=g, dtype=torch.float64)))
+    x = x.to(dtype)
+    x[::7] = 0
+    x[3] = -x[5]
+    x[10] = x[11]
+    return x
+
+
+def thresholds(x: torch.Tensor) -> list[float]:
+    a = x.abs().double()
+    picks = [float(a[i]) for i in torch.randint(0, x.numel(), (6,), generator=torch.Generator().manual_seed(1))]
+    return [*picks, 0.0, -1.0, 1e-30, float(a.max()), float(a.max()) * 2, 0.1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_masks_counts_and_compaction_match_brute_force(dtype):
+    x = sample(dtype)
+    a = x.abs()
+    ts = thresholds(x)
+    # >= t compares in x's dtype (t rounded to it, as x >= t does); t <= 0 selects the non-zeros
+    want_ge = [((a >= in_dtype(t, dtype)) & (x != 0)) if t > 0 else x != 0 for t in ts]
+    want_gt = [(a > in_dtype(t, dtype)) if t >= 0 else x != 0 for t in ts]
+    assert counts_at_least(x, ts) == [int(m.sum()) for m in want_ge]
+    assert counts_above(x, ts) == [int(m.sum()) for m in want_gt]
+    assert counts_at_least(x, ts[::-1]) == [int(m.sum()) for m in want_ge[::-1]]
+    # among a selection that holds every entry passing the lowest positive threshold
+    positive = [t for t in ts if t > 0]
+    among = select_at_least(x, min(positive))
+    want = [int(m.sum()) for t, m in zip(ts, want_ge, strict=True) if t > 0]
+    assert counts_at_least(x, positive, among=among) == want
+    for t, ge, gt in zip(ts, want_ge, want_gt, strict=True):
+        assert torch.equal(at_least(x, t), ge)
+        with portable_passes():  # what a GPU runs
+            assert torch.equal(at_least(x, t), ge)
+            assert torch.equal(select_above(x, t), torch.nonzero(gt).view(-1))
+        assert torch.equal(select_at_least(x, t), torch.nonzero(ge).view(-1))
+        assert torch.equal(select_above(x, t), torch.nonzero(gt).view(-1))
+
+
+def test_compaction_is_one_host_sync_and_the_mask_reads_no_abs_buffer():
+    x = sample(torch.float32, n=100_000)
+    syncs = HostSyncCounter()
+    with syncs:
+        idx = select_at_least(x, 2.0)
+    assert syncs.total == 1 and idx.numel() == int((x.abs() >= 2.0).sum())
+    traffic = TrafficCounter()
+    with portable_passes(), traffic:
+        at_least(x, 2.0)
+    # one float pass (read 4, write 4 bytes), one cast to a mask (read 4, write 1): no |x| buffer
+    # on top, which would add 8 bytes (write |x|, read it back)
+    assert traffic.bytes == (4 + 4 + 4 + 1) * x.numel()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_gpu_counting_pass_counts_what_the_cpu_counts_and_reads_the_tensor_once(dtype):
+    """A GPU counts many thresholds with one bucketize pass (run here on the CPU tensor); the CPU
+    counts with numpy, narrowing to the few entries left once a threshold is selective."""
+    x = sample(dtype, n=100_000)
+    ts = sorted({in_dtype(t, dtype) for t in thresholds(x) if in_dtype(t, dtype) > 0})
+    traffic = TrafficCounter()
+    with traffic:
+        on_gpu = _counts_bucketize(x, ts)
+    assert on_gpu.tolist() == _counts_cpu(x, ts) == counts_at_least(x, ts)
+    # one read of x and its bucket ids (8 bytes each), one small histogram: not a pass per threshold
+    assert traffic.bytes < (x.element_size() + 8 + 8) * x.numel() + 4096
+
+
+def test_float_formats_round_and_step_like_torch():
+    rng = random.Random(0)
+    for dtype in DTYPES:
+        for _ in range(500):
+            t = abs(rng.gauss(0, 1)) * 10 ** rng.randint(-45, 40)
+            ref = torch.tensor(t, dtype=torch.float64).to(dtype)
+            assert in_dtype(t, dtype) == float(ref) or math.isinf(float(ref))
+            if math.isinf(float(ref)):
+                continue
+            assert next_up(t, dtype) == float(torch.nextafter(ref, torch.tensor(math.inf, dtype=dtype)))
+
+
+def test_compact_on_cpu_and_torch_nonzero_agree():
+    m = torch.rand(10_000, generator=torch.Generator().manual_seed(3)) < 0.01
+    got = compact(m)
+    assert got.dtype == torch.int64 and torch.equal(got, torch.nonzero(m).view(-1))
+    assert compact(torch.zeros(0, dtype=torch.bool)).numel() == 0
