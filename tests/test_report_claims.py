@@ -117,8 +117,9 @@ def test_evidence_builds_a_shared_table_once(tmp_path):
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_every_paper_declares_its_claims_and_they_evaluate_without_runs(notebook):
+def test_every_paper_declares_its_claims_and_they_evaluate_without_runs(notebook, tmp_path, monkeypatch):
     """With no run and no benchmark every claim is 'not measured', and says so row by row."""
+    monkeypatch.chdir(tmp_path)  # no reports/bench of an earlier run in the working directory
     module = declarations(notebook.stem)
     assert module.CLAIMS and module.METRICS
     empty = Evidence(pd.DataFrame(columns=["run_id", "name", "method", "seed", "workers", "network"]),

@@ -265,11 +265,12 @@ BENCH_ARGS = config["bench"].get("args", {})
 
 def declared_bench(paper: str) -> list:
     """The benchmark results a paper's claims read: the `BENCH` of commlab.report.claims_<paper>
-    (its ev.bench() calls), none when it declares none."""
+    (its ev.bench() calls), none when it declares none. A grid with no claims module trains (its
+    report rule says what is missing), so a new grid can run before its claims are written."""
     try:
         return list(getattr(declarations(paper), "BENCH", []))
-    except ValueError as err:
-        raise WorkflowError(f"config key papers: {err}") from None
+    except ValueError:
+        return []
 
 
 # The benchmarks each paper's report reads for its speed and volume claims.

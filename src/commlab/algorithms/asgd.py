@@ -103,6 +103,7 @@ class AsynchronousSGD(Algorithm):
     """Workers push gradients to a server thread on rank 0, which applies them in arrival order."""
 
     Options = NoOptions
+    comm_pattern = "parameter_server"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
 
     # ---- construction -----------------------------------------------------------------------
     def setup(self) -> None:

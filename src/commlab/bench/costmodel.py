@@ -108,6 +108,10 @@ PATTERNS: dict[str, Pattern] = {pat.name: pat for pat in (
     Pattern("oktopk", lambda p: 2 * p - 1 + 2 * _log2(p), lambda p: 3 * (p - 1) / p, lambda p: 3 * (p - 1) / p,
             whole_step=True),
     Pattern("tree", lambda p: 2 * _log2(p), lambda p: 2 * _log2(p), lambda p: _log2(p)),
+    # A server on rank 0 (ASGD): each worker pushes n and pulls n in 2 messages; the server's link
+    # carries the P - 1 remote workers' pushes in and pulls out, and bounds the rate in steady state.
+    # Rank 0, which runs measure, sends (P - 1) n: the replies.
+    Pattern("parameter_server", lambda p: 2, lambda p: p - 1, lambda p: p - 1),
 )}
 
 
