@@ -33,12 +33,20 @@ def test_every_selector_selects_on_cuda_what_it_selects_on_the_cpu(name, n, k):
     if torch.equal(on_cpu, on_gpu):
         return
     # Thresholds computed from reductions (mean, std, max) may differ in their last bits between
-    # devices: the sets may then differ only in entries at the threshold's magnitude.
-    differ = torch.tensor(sorted(set(on_cpu.tolist()) ^ set(on_gpu.tolist())), dtype=torch.int64)
-    common = sorted(set(on_cpu.tolist()) & set(on_gpu.tolist()))
-    edge = x.abs()[torch.tensor(common)].min()
-    assert differ.numel() <= max(2, k // 1000), (name, differ.numel())
-    torch.testing.assert_close(x.abs()[differ], edge.expand(differ.numel()), rtol=1e-5, atol=0)
+    # devices, and a search that bisects between them then stops at another point of the same
+    # acceptance band: the sets may differ, but only by a few entries, and each device's set is
+    # still everything above its threshold (so the entries that differ lie between the two).
+    differ = set(on_cpu.tolist()) ^ set(on_gpu.tolist())
+    assert len(differ) <= max(2, k // 1000), (name, len(differ))
+    for chosen in (on_cpu, on_gpu):
+        assert_threshold_set(x, chosen)
+
+
+def assert_threshold_set(x: torch.Tensor, chosen: torch.Tensor) -> None:
+    """Every chosen entry is at least as large in magnitude as every entry not chosen."""
+    mask = torch.zeros(x.numel(), dtype=torch.bool)
+    mask[chosen] = True
+    assert x.abs()[mask].min() >= x.abs()[~mask].max()
 
 
 def _threshold_on(rank: int, world: int, values: torch.Tensor, k_max: int, k_min: int):
