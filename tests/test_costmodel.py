@@ -109,8 +109,8 @@ def test_every_registered_method_declares_its_pattern():
     patterns = {name: cm.pattern_for(name, ALGORITHMS.get(name)) for name in ALGORITHMS.names()}
     assert all(source == "declared by the method class" for _, source in patterns.values()), patterns
     assert {n: p for n, (p, _) in patterns.items() if p != "ring_allreduce"} == {
-        "asgd": "parameter_server", "dgc": "allgather", "gaussiank": "allgather", "gtopk": "tree", "oktopk": "oktopk", "qsgd": "allgather",
-        "redsync": "allgather", "topk_allgather": "allgather"}
+        "asgd": "parameter_server", "dgc": "allgather", "gaussiank": "allgather", "gtopk": "tree",
+        "oktopk": "oktopk", "qsgd": "allgather", "redsync": "allgather", "topk_allgather": "allgather"}
 
     class Undeclared:
         comm_pattern = None

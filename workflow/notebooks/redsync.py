@@ -100,8 +100,8 @@ else:
 
 
 # %%
-FINAL = ["name", "method", "model", "seed", "test_accuracy", "test_perplexity", "steps", "bytes_per_step", "algo_sent_fraction",
-         "algo_selected_fraction", "algo_selected_over_k", "selection_seconds", "wall_seconds"]
+FINAL = ["name", "method", "model", "seed", "test_accuracy", "test_perplexity", "steps", "bytes_per_step",
+         "algo_sent_fraction", "algo_selected_fraction", "algo_selected_over_k", "selection_seconds", "wall_seconds"]
 if info.empty:
     nothing("No finished runs yet: every claim above is `not measured`.")
 else:
