@@ -266,7 +266,8 @@ BENCH_ARGS = config["bench"].get("args", {})
 def declared_bench(paper: str) -> list:
     """The benchmark results a paper's claims read: the `BENCH` of commlab.report.claims_<paper>
     (its ev.bench() calls), none when it declares none. A grid with no claims module trains (its
-    report rule says what is missing), so a new grid can run before its claims are written."""
+    report rule says what is missing), so a new grid can run before its claims are written.
+    """
     try:
         return list(getattr(declarations(paper), "BENCH", []))
     except ValueError:
