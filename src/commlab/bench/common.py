@@ -364,10 +364,13 @@ def resolve_dataset(args) -> str:
 
 
 def resolve_methods(requested: list[str] | None) -> list[str]:
-    """``requested`` or every registered method, dense ``ssgd`` first (the reference)."""
+    """``requested`` or every method of the package, dense ``ssgd`` first (the reference). The
+    default leaves out methods registered at run time by a plugin in this process: the
+    benchmarks' ranks start as new processes, which know the package's methods only."""
     from commlab.registry import ALGORITHMS
 
-    names = requested or ALGORITHMS.names()
+    names = requested or [m for m in ALGORITHMS.names()
+                          if ALGORITHMS.get(m).__module__.startswith("commlab.algorithms.")]
     unknown = [m for m in names if m not in ALGORITHMS]
     if unknown:
         raise SystemExit(f"unknown method(s) {unknown}; registered: {ALGORITHMS.names()}")
