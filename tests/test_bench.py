@@ -195,3 +195,18 @@ def test_loader_tiny(tmp_path):
     rows = {r["loader"]: r for r in data["results"]}
     assert set(rows) == {"streamed", "torchvision"} and all(len(r["repeats"]) == 2 for r in rows.values())
     assert data["ratio"] == pytest.approx(rows["streamed"]["images_per_s"] / rows["torchvision"]["images_per_s"])
+
+
+def test_wire_table_names_a_servers_replies_in_flight_and_no_more():
+    """A parameter server's replies reach the accounting at rank 0's next step: at a window's edges
+    up to one reply per remote worker, accounted / (2 steps) per worker and step, is named; a gap
+    beyond it is not."""
+    from commlab.bench.wire import CONTROL, GLOO_FRAMING_BYTES, allreduce_wire, table
+
+    control = allreduce_wire(CONTROL[1], CONTROL[2], 2) * 2 / 8
+    edge = 5e5 / (2 * 8) * 2  # the allowance of both workers: accounted per worker (5e5) / (2 x 8 steps)
+    framing = GLOO_FRAMING_BYTES * 8 + control
+    near = table([{"model": "mlp", "runs": [_wire_run("asgd", 1e6, 1e6 + framing + 0.9 * edge, 8)]}], ["asgd"])[0]
+    far = table([{"model": "mlp", "runs": [_wire_run("asgd", 1e6, 1e6 + framing + 3 * edge, 8)]}], ["asgd"])[0]
+    assert "the server's replies in flight at the window's edges up to 6.2%" in near["note"]
+    assert "UNEXPLAINED" not in near["note"] and "UNEXPLAINED" in far["note"]

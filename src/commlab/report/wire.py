@@ -17,7 +17,8 @@ from __future__ import annotations
 import pandas as pd
 
 COLUMNS = ["method", "model", "network", "workers", "accounted", "payload", "raw", "payload_over_accounted",
-           "payload_over_expected", "within_tolerance", "messages", "framing", "outside_by_name", "in_flight", "note"]
+           "payload_over_expected", "within_tolerance", "messages", "framing", "outside_by_name", "in_flight",
+           "in_flight_cause", "note"]
 
 
 def wire_ratios(wire: dict | None, methods: list[str] | None = None, model: str | None = None) -> pd.DataFrame:
@@ -45,7 +46,8 @@ def _gap_causes(row: pd.Series) -> str:
     named = outside if isinstance(outside, dict) else {}
     parts += [f"{name} {value / accounted:.1%}" for name, value in named.items() if value / accounted >= 0.0005]
     if row.get("in_flight"):
-        parts.append(f"asynchronous collectives in flight up to {row['in_flight'] / accounted:.1%}")
+        cause = row.get("in_flight_cause") or "asynchronous collectives in flight"
+        parts.append(f"{cause} up to {row['in_flight'] / accounted:.1%}")
     if "UNEXPLAINED" in str(row["note"]):
         parts.append(f"{row['payload_over_expected'] - 1:+.1%} beyond these (UNEXPLAINED)")
     return ", ".join(parts)
