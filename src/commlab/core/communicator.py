@@ -265,17 +265,18 @@ class Communicator:
         self._record(span, "all_to_all_counts", m, m, 8, m)
         return out.tolist()
 
-    def all_gatherv(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+    def all_gatherv(self, tensor: torch.Tensor, sizes: list[int] | None = None) -> list[torch.Tensor]:
         """Gather tensors whose dim 0 differs across ranks (zero rows allowed). Returns one
         tensor per rank, in rank order, each with that rank's rows.
 
-        Two collectives: the row counts (``all_gatherv_counts``, one int64 per rank), then one
-        all_gather of every rank's rows padded with zeros to the largest count
-        (``all_gatherv``): each rank sends and receives P-1 padded blocks, the padding included.
-        When every rank has zero rows the second collective is skipped."""
-        n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=self.device)
-        sizes = [int(c) for c in self.all_gather(n).view(-1).tolist()]
-        self.stats.relabel_last("all_gatherv_counts")
+        Two collectives: the row counts (``all_gatherv_counts``, one int64 per rank; skipped when
+        the caller knows every rank's ``sizes``), then one all_gather of every rank's rows padded
+        with zeros to the largest count (``all_gatherv``): each rank sends and receives P-1 padded
+        blocks, the padding included. When every rank has zero rows the second is skipped."""
+        if sizes is None:
+            n = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=self.device)
+            sizes = [int(c) for c in self.all_gather(n).view(-1).tolist()]
+            self.stats.relabel_last("all_gatherv_counts")
         width, rest = max(sizes), tuple(tensor.shape[1:])
         if width == 0:
             return [tensor.new_empty((0, *rest)) for _ in sizes]

@@ -116,11 +116,7 @@ def gather_counts(comm: Communicator, rows: int, device: torch.device) -> list[i
 def _allgather_padded(comm: Communicator, pairs: Pairs, counts: list[int]) -> Pairs:
     """Ring allgather of every rank's packed pairs, each padded to the largest count (the padding
     is sent and counted); returns the pairs of every rank in rank order, padding dropped."""
-    width = max(counts)
-    if pairs.rows < width:
-        pairs = Pairs(torch.cat([pairs.packed, pairs.packed.new_zeros((width - pairs.rows, 2))]), pairs.dtype)
-    every = comm.all_gather(pairs.packed)  # (P, width, 2)
-    return Pairs(torch.cat([every[j, :c] for j, c in enumerate(counts)]), pairs.dtype)
+    return Pairs(torch.cat(comm.all_gatherv(pairs.packed, counts)), pairs.dtype)
 
 
 def allgatherv_pairs(comm: Communicator, indices: torch.Tensor, values: torch.Tensor, n: int,
