@@ -217,9 +217,7 @@ LogFile={r}/log/slurmdbd.log
         if missing := missing_tools():
             raise ClusterError(f"the local SLURM cluster needs {', '.join(missing)}: run `make system-packages` "
                                "as root (Debian: slurmctld slurmd slurm-client munge iproute2 util-linux)")
-        if _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0 or list_namespaces(PREFIX + "-"):
-            raise ClusterError(f"a local SLURM cluster is already up (bridge {BRIDGE}, namespaces {PREFIX}-*): "
-                               "stop it first with `make slurm-down` (python -m commlab.testing.localslurm down)")
+        clear_stopped_cluster()
         try:
             self._write_config()
             self._build_network()
@@ -312,10 +310,32 @@ LogFile={r}/log/slurmdbd.log
                 os.kill(int(pidfile.read_text().split()[0]), 15)
             except (ProcessLookupError, ValueError):
                 pass
-        _run(["ip", "link", "delete", BRIDGE], check=False)
-        for d in Path("/etc/netns").glob(f"{PREFIX}-*"):
-            shutil.rmtree(d, ignore_errors=True)
+        _remove_network([])
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def clear_stopped_cluster() -> list[str]:
+    """Remove what a killed cluster left (namespaces and bridge outlive the daemons that ended
+    with the session or job that ran them): returns the namespaces removed. Raises ClusterError
+    while a process still runs in any of them (a live cluster, whose names are fixed)."""
+    bridge = _run(["ip", "link", "show", BRIDGE], check=False).returncode == 0
+    namespaces = list_namespaces(PREFIX + "-")
+    if any(namespace_pids(ns) for ns in namespaces):
+        raise ClusterError(f"a local SLURM cluster is already up (bridge {BRIDGE}, namespaces {PREFIX}-*): "
+                           "stop it first with `make slurm-down` (python -m commlab.testing.localslurm down)")
+    if bridge or namespaces:
+        print(f"localslurm: removing a stopped cluster's leftovers ({', '.join(namespaces) or BRIDGE})",
+              file=sys.stderr)
+        _remove_network(namespaces)
+    return namespaces
+
+
+def _remove_network(namespaces: list[str]) -> None:
+    """Delete ``namespaces`` (already emptied of processes), the bridge and the hosts files."""
+    delete_namespaces(namespaces, grace_s=0.0)
+    _run(["ip", "link", "delete", BRIDGE], check=False)
+    for d in Path("/etc/netns").glob(f"{PREFIX}-*"):
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
