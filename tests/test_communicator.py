@@ -2,6 +2,7 @@
 algorithms (commlab.core.costs; checked against the wire in tests/test_netem.py)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -234,24 +235,37 @@ def test_stats_keep_bytes_and_messages_per_operation_across_a_checkpoint():
     assert resumed.by_op == {}
 
 
-def _fake_interface(root, name, tx, rx):
-    folder = root / name / "statistics"
-    folder.mkdir(parents=True, exist_ok=True)
-    for key, value in {"tx_bytes": tx, "rx_bytes": rx, "tx_packets": tx // 100, "rx_packets": rx // 100}.items():
-        (folder / key).write_text(f"{value}\n")
+def _fake_interface(path, name, tx, rx):
+    """A /proc/net/dev with ``lo`` and ``name``: 8 receive fields, then 8 transmit fields."""
+    head = ("Inter-|   Receive                                                |  Transmit\n"
+            " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls "
+            "carrier compressed\n")
+    lo = "    lo:  77 1 0 0 0 0 0 0  77 1 0 0 0 0 0 0\n"
+    path.write_text(head + lo + f"  {name}: {rx} {rx // 100} 0 0 0 0 0 0 {tx} {tx // 100} 0 0 0 0 0 0\n")
+
+
+def test_interface_counters_come_from_this_namespaces_proc_net_dev():
+    from commlab.core.stats import read_interface
+
+    before = {k: int(Path(f"/sys/class/net/lo/statistics/{k}").read_text()) for k in ("tx_bytes", "rx_packets")}
+    now = read_interface("lo")
+    after = {k: int(Path(f"/sys/class/net/lo/statistics/{k}").read_text()) for k in ("tx_bytes", "rx_packets")}
+    assert all(before[k] <= now[k] <= after[k] for k in before)
+    with pytest.raises(ValueError, match="no such network interface"):
+        read_interface("nosuch0")
 
 
 def test_wire_meter_adds_the_interface_counters_and_logs_every_rank(tmp_path, monkeypatch):
     from commlab.core.stats import CommStats, WireMeter
 
-    sys_net = tmp_path / "sys"
-    _fake_interface(sys_net, "eth0", 1000, 2000)
-    meter = WireMeter("eth0", log_dir=str(tmp_path / "wire"), rank=2, sys_class_net=str(sys_net))
+    dev = tmp_path / "dev"
+    _fake_interface(dev, "eth0", 1000, 2000)
+    meter = WireMeter("eth0", log_dir=str(tmp_path / "wire"), rank=2, proc_net_dev=str(dev))
     stats = CommStats(wire=meter)
     stats.record("all_gather", "global", 3, 3, 4, 0.0, messages=2)
     first = stats.totals()
     assert (first["wire_tx_bytes"], first["wire_rx_bytes"], first["wire_tx_packets"]) == (1000, 2000, 10)
-    _fake_interface(sys_net, "eth0", 5000, 2500)
+    _fake_interface(dev, "eth0", 5000, 2500)
     assert stats.totals()["wire_tx_bytes"] == 5000
     lines = [json.loads(x) for x in (tmp_path / "wire" / "rank2.jsonl").read_text().splitlines()]
     assert [x["point"] for x in lines] == [0, 1] and lines[1]["wire_rx_packets"] == 25

@@ -162,7 +162,9 @@ class Workdir:
 
 def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "") -> dict:
     """Run one training config on its workers (in ``net`` if given) and return what it logged:
-    ``{"rc", "seconds", "points": [{step, key: value}], "final", "log"}``."""
+    ``{"rc", "seconds", "points": [{step, key: value}], "final", "log"}``. The workers are forked
+    from this process's preloaded fork server (:mod:`commlab.launch.preloaded`): new processes for
+    every run, without each paying the imports again."""
     from commlab.launch import run_in_network, run_on_loopback
     from commlab.launch.torchrun import network_override, train_argv
 
@@ -179,12 +181,13 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     log = str(folder / "train.log")
     t0 = time.perf_counter()
     if net is None:
-        rc = run_on_loopback(argv, config["workers"], extra_env=env, log=log)
+        rc = run_on_loopback(argv, config["workers"], extra_env=env, log=log, preloaded=True)
     else:
         from commlab.core.stats import WIRE_LOG_ENV
 
         before = net.counters()
-        rc = run_in_network(net, argv, extra_env={**env, WIRE_LOG_ENV: str(folder / "wire")}, log=log)
+        rc = run_in_network(net, argv, extra_env={**env, WIRE_LOG_ENV: str(folder / "wire")}, log=log,
+                            preloaded=True)
         wire_run = (before, net.counters())
     result = {"rc": rc, "seconds": time.perf_counter() - t0, "points": [], "final": {}, "log": log}
     if rc != 0 or not sentinel.exists():

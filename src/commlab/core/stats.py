@@ -46,13 +46,21 @@ WIRE_LOG_ENV = "COMMLAB_WIRE_LOG"  # a folder for every rank's log-point totals 
 WIRE_COUNTERS = ("tx_bytes", "rx_bytes", "tx_packets", "rx_packets")
 
 
-def read_interface(interface: str, sys_class_net: str = "/sys/class/net") -> dict[str, int]:
-    """The kernel's counters of ``interface`` in this process's network namespace."""
-    folder = Path(sys_class_net) / interface / "statistics"
+def read_interface(interface: str, proc_net_dev: str = "/proc/net/dev") -> dict[str, int]:
+    """The kernel's counters of ``interface`` in this process's network namespace. Read from
+    ``/proc/net/dev``, which always shows the reader's own namespace (``/sys/class/net`` shows the
+    namespace sysfs was mounted in, which a worker that entered its namespace with ``setns``
+    does not remount)."""
     try:
-        return {k: int((folder / k).read_text()) for k in WIRE_COUNTERS}
+        lines = Path(proc_net_dev).read_text().splitlines()
     except OSError as err:
-        raise ValueError(f"{INTERFACE_ENV}={interface}: no such network interface here ({err})") from None
+        raise ValueError(f"{INTERFACE_ENV}={interface}: cannot read {proc_net_dev} ({err})") from None
+    for line in lines[2:]:  # two header lines; then `name: 8 receive and 8 transmit fields`
+        name, _, fields = line.partition(":")
+        if name.strip() == interface:
+            values = [int(v) for v in fields.split()]
+            return {"rx_bytes": values[0], "rx_packets": values[1], "tx_bytes": values[8], "tx_packets": values[9]}
+    raise ValueError(f"{INTERFACE_ENV}={interface}: no such network interface here ({proc_net_dev})")
 
 
 @dataclass
@@ -63,7 +71,7 @@ class WireMeter:
     log_dir: str | None = None
     rank: int = 0
     points: int = 0  # log points sampled by this process (a resumed run starts again at 0)
-    sys_class_net: str = "/sys/class/net"
+    proc_net_dev: str = "/proc/net/dev"
 
     @classmethod
     def from_env(cls) -> WireMeter | None:
@@ -75,7 +83,7 @@ class WireMeter:
     def sample(self, totals: dict, by_op: dict | None = None) -> dict[str, int]:
         """``wire_*`` counters now; with a log folder, append ``totals``, them and the per-operation
         figures ``by_op`` to this rank's log."""
-        wire = {f"wire_{k}": v for k, v in read_interface(self.interface, self.sys_class_net).items()}
+        wire = {f"wire_{k}": v for k, v in read_interface(self.interface, self.proc_net_dev).items()}
         if self.log_dir:
             Path(self.log_dir).mkdir(parents=True, exist_ok=True)
             with open(Path(self.log_dir) / f"rank{self.rank}.jsonl", "a") as f:

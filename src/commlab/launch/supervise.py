@@ -16,18 +16,32 @@ from collections.abc import Callable
 MASTER_PORT = 29500  # each emulated run has private namespaces: a fixed port cannot collide
 
 
+def worker_env(rank: int, world_size: int, extra: dict) -> dict[str, str]:
+    """The full environment of worker ``rank``: this process's, the rank variables torchrun sets, ``extra``."""
+    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", **extra}
+
+
 def start_workers(argv: list[str], world_size: int, env: Callable[[int], dict],
                   prefix: Callable[[int], list[str]] = lambda rank: [],
-                  log: str | None = None) -> list[subprocess.Popen]:
+                  log: str | None = None, namespace: Callable[[int], str] | None = None,
+                  preloaded: bool = False) -> list:
     """Start ``world_size`` processes ``prefix(rank) + [python, *argv]`` with ``env(rank)`` added;
-    their output goes to ``log`` (appended) when given, else to this process's output."""
+    their output goes to ``log`` (appended) when given, else to this process's output.
+
+    ``preloaded``: fork them instead from this process's preloaded fork server
+    (:mod:`commlab.launch.preloaded`; ``argv`` must be ``-m commlab.loop ...``), in network
+    namespace ``namespace(rank)`` when given (``prefix`` is then not used)."""
+    if preloaded:
+        from commlab.launch.preloaded import fork_workers
+
+        return fork_workers(argv, world_size, lambda rank: worker_env(rank, world_size, env(rank)), namespace, log)
     procs = []
     out = open(log, "ab") if log else None  # noqa: SIM115 - the children hold it; closed below
     try:
         for rank in range(world_size):
-            rank_env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                        "LOCAL_WORLD_SIZE": str(world_size), "GROUP_RANK": "0", **env(rank)}
-            procs.append(subprocess.Popen(prefix(rank) + [sys.executable, *argv], env=rank_env, stdout=out,
+            procs.append(subprocess.Popen(prefix(rank) + [sys.executable, *argv],
+                                          env=worker_env(rank, world_size, env(rank)), stdout=out,
                                           stderr=subprocess.STDOUT if out else None))
     except BaseException:
         stop_workers(procs, 0.0)
@@ -101,21 +115,22 @@ def supervise(procs: list[subprocess.Popen], fail_grace_s: float = 5.0, signal_g
 
 
 def run_in_network(net, argv: list[str], extra_env: dict | None = None, log: str | None = None,
-                   **supervise_kw) -> int:
-    """Run one worker per namespace of ``net`` (an up :class:`~commlab.launch.netem.EmulatedNetwork`)."""
+                   preloaded: bool = False, **supervise_kw) -> int:
+    """Run one worker per namespace of ``net`` (an up :class:`~commlab.launch.netem.EmulatedNetwork`);
+    ``preloaded``: forked from the preloaded fork server (:func:`start_workers`)."""
     extra_env = dict(extra_env or {})
     procs = start_workers(argv, net.world_size,
                           env=lambda rank: {**net.env(rank), "MASTER_PORT": str(MASTER_PORT), **extra_env},
-                          prefix=net.exec_prefix, log=log)
+                          prefix=net.exec_prefix, log=log, namespace=net.namespace, preloaded=preloaded)
     return supervise(procs, **supervise_kw)
 
 
 def run_on_loopback(argv: list[str], world_size: int, extra_env: dict | None = None, log: str | None = None,
-                    **supervise_kw) -> int:
+                    preloaded: bool = False, **supervise_kw) -> int:
     """The same supervision without emulation (workers on 127.0.0.1), for side-by-side measurements."""
     from commlab.core.runtime import free_port
 
     port = str(free_port())
-    procs = start_workers(argv, world_size, log=log,
+    procs = start_workers(argv, world_size, log=log, preloaded=preloaded,
                           env=lambda rank: {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **(extra_env or {})})
     return supervise(procs, **supervise_kw)
