@@ -67,3 +67,18 @@ def test_batches_do_not_depend_on_loader_workers(folder, tmp_path):
     assert batches[0][0][0].shape == (4, 3, 24, 24) and batches[0][0][0].dtype == torch.float32
     assert torch.equal(batches[0][0][1], data.train.labels[:4])
     assert abs(batches[0][1][0].mean().item()) < 3  # normalised
+
+
+def test_a_dataset_read_by_path_names_what_its_folder_lacks(tmp_path):
+    from commlab.data.base import DatasetSpec, source_folder
+
+    spec = DatasetSpec("imagenet", 3, 224, 1000, (0.5,), (0.5,), how_to_get="Point data.imagenet.source at it.")
+    with pytest.raises(FileNotFoundError, match="no folder given for imagenet. Point data.imagenet.source"):
+        source_folder(spec, None, ["train", "val"])
+    (tmp_path / "train").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"lacks val/\. Point"):
+        source_folder(spec, str(tmp_path), ["train", "val"])
+    assert source_folder(spec, str(tmp_path / "train" / ".."), ["train"]) == tmp_path.resolve()
+    (tmp_path / "train.npy").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"lacks test\.npy\."):
+        source_folder(spec, str(tmp_path), ["train.npy", "test.npy"], kind="file")

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from commlab.data.augment import eval_image, train_image
-from commlab.data.base import DatasetSpec
+from commlab.data.base import DatasetSpec, source_folder
 from commlab.data.checks import DamagedDataError, read_meta
 from commlab.registry import DATASETS
 
@@ -68,12 +68,7 @@ def manifest_hash(texts: list[str]) -> str:
 
 def prepare_folder(out_dir: Path, spec: DatasetSpec, source: str | None) -> dict:
     """Write the manifests and meta.json of the image folder ``source`` into ``out_dir``."""
-    if not source:
-        raise FileNotFoundError(f"no folder given for {spec.name}. {spec.how_to_get}")
-    root = Path(source).resolve()
-    missing = [d for d in SPLITS.values() if not (root / d).is_dir()]
-    if missing:
-        raise FileNotFoundError(f"{root} lacks {', '.join(m + '/' for m in missing)}. {spec.how_to_get}")
+    root = source_folder(spec, source, list(SPLITS.values()))
     classes, train = scan(root / SPLITS["train"])
     _, test = scan(root / SPLITS["test"], classes)
     out_dir.mkdir(parents=True, exist_ok=True)

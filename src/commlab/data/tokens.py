@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from commlab.data.base import DatasetSpec
+from commlab.data.base import DatasetSpec, source_folder
 from commlab.data.checks import DamagedDataError, read_meta
 from commlab.data.keyed import keyed_int
 from commlab.registry import DATASETS
@@ -77,12 +77,7 @@ def _file_manifest(folder: Path) -> list[dict]:
 
 
 def prepare_tokens(out_dir: Path, spec: DatasetSpec, source: str | None) -> dict:
-    if not source:
-        raise FileNotFoundError(f"no folder given for {spec.name}. {spec.how_to_get}")
-    folder = Path(source).resolve()
-    missing = [n for n in SPLIT_FILES.values() if not (folder / n).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{folder} lacks {', '.join(missing)}. {spec.how_to_get}")
+    folder = source_folder(spec, source, list(SPLIT_FILES.values()), kind="file")
     described = folder / "tokens.json"
     vocab = {**BERT_VOCAB, **(json.loads(described.read_text()) if described.exists() else {})}
     shapes = {}
