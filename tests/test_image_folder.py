@@ -70,7 +70,8 @@ def test_batches_do_not_depend_on_loader_workers(folder, tmp_path):
 
 
 def test_a_dataset_read_by_path_names_what_its_folder_lacks(tmp_path):
-    from commlab.data.base import DatasetSpec, source_folder
+    from commlab.data.base import DatasetSpec
+    from commlab.data.checks import source_folder
 
     spec = DatasetSpec("imagenet", 3, 224, 1000, (0.5,), (0.5,), how_to_get="Point data.imagenet.source at it.")
     with pytest.raises(FileNotFoundError, match="no folder given for imagenet. Point data.imagenet.source"):

@@ -82,7 +82,9 @@ def _check(method: str, fp32, bf16) -> None:
     curve32, curve16 = [p["train_loss"] for p in fp32[2]], [p["train_loss"] for p in bf16[2]]
     assert len(curve16) == 6 and all(math.isfinite(v) for v in curve16)
     assert curve16 != curve32  # autocast ran the forward pass in bfloat16
-    assert curve16 == pytest.approx(curve32, rel=0.05)
+    # ASGD's server applies pushes in arrival order, so its curve moves with the ranks' timing
+    # (two fp32 runs differ too): a looser band there.
+    assert curve16 == pytest.approx(curve32, rel=0.15 if method == "asgd" else 0.05)
     kept = bf16[3]
     assert kept["params"] == ["torch.float32"] and kept["grads"] == ["torch.float32"]
     assert kept["state"] in ([], ["torch.float32"]), kept["state"]

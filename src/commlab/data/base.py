@@ -67,19 +67,6 @@ def content_hash(*tensors: torch.Tensor) -> str:
     return h.hexdigest()
 
 
-def source_folder(spec: DatasetSpec, source: str | None, entries: list[str], kind: str = "dir") -> Path:
-    """The resolved folder ``source`` of a dataset read by path, checked to hold ``entries``
-    (folders, or files with ``kind="file"``); a clear error naming what is missing and how to get it."""
-    if not source:
-        raise FileNotFoundError(f"no folder given for {spec.name}. {spec.how_to_get}")
-    root = Path(source).resolve()
-    present = Path.is_dir if kind == "dir" else Path.is_file
-    missing = [e + ("/" if kind == "dir" else "") for e in entries if not present(root / e)]
-    if missing:
-        raise FileNotFoundError(f"{root} lacks {', '.join(missing)}. {spec.how_to_get}")
-    return root
-
-
 def write_prepared(out_dir: Path, spec: DatasetSpec, train: tuple, test: tuple, source: str,
                    classes: list[str]) -> dict:
     """Write the prepared format and return its metadata."""

@@ -9,6 +9,8 @@ Bit flips inside the images pass them; the content hash against ``meta.json`` ca
 stays behind the ``verify_data`` option because it hashes every byte.
 
 Each failure is one :class:`DamagedDataError` naming the file, what is wrong and how to rebuild it.
+Before preparing, :func:`source_folder` checks that a dataset read by path (an image folder, a
+token corpus) names a folder holding what it needs, and says what is missing.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ META_KEYS = ("train_shape", "test_shape", "content_hash")
 
 class DamagedDataError(ValueError):
     """A prepared-data file that cannot be used as it is; the message names the file and the fix."""
+
+
+def source_folder(spec, source: str | None, entries: list[str], kind: str = "dir") -> Path:
+    """The resolved folder ``source`` of a dataset read by path, checked to hold ``entries``
+    (folders, or files with ``kind="file"``); a clear error naming what is missing and how to get it."""
+    if not source:
+        raise FileNotFoundError(f"no folder given for {spec.name}. {spec.how_to_get}")
+    root = Path(source).resolve()
+    present = Path.is_dir if kind == "dir" else Path.is_file
+    missing = [e + ("/" if kind == "dir" else "") for e in entries if not present(root / e)]
+    if missing:
+        raise FileNotFoundError(f"{root} lacks {', '.join(missing)}. {spec.how_to_get}")
+    return root
 
 
 def rebuild_hint(name: str, data_dir: str | Path) -> str:

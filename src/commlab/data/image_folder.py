@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from commlab.data.augment import eval_image, train_image
-from commlab.data.base import DatasetSpec, source_folder
-from commlab.data.checks import DamagedDataError, read_meta
+from commlab.data.base import DatasetSpec
+from commlab.data.checks import DamagedDataError, read_meta, source_folder
 from commlab.registry import DATASETS
 
 # torchvision.datasets.folder.IMG_EXTENSIONS, without importing torchvision to prepare.

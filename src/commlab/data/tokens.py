@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from commlab.data.base import DatasetSpec, source_folder
-from commlab.data.checks import DamagedDataError, read_meta
+from commlab.data.base import DatasetSpec
+from commlab.data.checks import DamagedDataError, read_meta, source_folder
 from commlab.data.keyed import keyed_int
 from commlab.registry import DATASETS
 
