@@ -75,10 +75,6 @@ class ForkedWorker:
         self.process = process
         self.pid = process.pid
 
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
-
     def poll(self) -> int | None:
         return self.process.exitcode  # negative: killed by that signal, as Popen says it
 
