@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from commlab.core import Communicator
+from commlab.core import Communicator, communicator
 from commlab.core.communicator import ring_allreduce_cost
 from commlab.core.costs import broadcast_sends, gloo_ring_chunks, ring_allreduce_messages
 from commlab.testing import run_distributed
@@ -32,6 +32,13 @@ def _collectives(rank, world, n):
     out["broadcast"] = (b, comm.stats.drain()[-1])
     g = comm.all_gather(torch.full((3,), rank, dtype=torch.int64))
     out["all_gather"] = (g, comm.stats.drain()[-1])
+    direct = communicator.DIRECT_GATHER_BYTES
+    communicator.DIRECT_GATHER_BYTES = 0  # the ring, as for a large block (or under NCCL)
+    try:
+        ring = comm.all_gather(torch.full((3,), rank, dtype=torch.int64))
+    finally:
+        communicator.DIRECT_GATHER_BYTES = direct
+    out["ring_all_gather"] = (ring, comm.stats.drain()[-1])
     rs = comm.reduce_scatter(torch.ones(world * 2, dtype=torch.float32) * rank)
     out["reduce_scatter"] = (rs, comm.stats.drain()[-1])
     with comm.reduction():
@@ -64,14 +71,18 @@ def test_dense_collectives_values_and_standard_costs(world):
         g, rec = out["all_gather"]
         assert torch.equal(g, torch.arange(world).unsqueeze(1).expand(world, 3))
         assert rec.elements_sent == rec.elements_recv == 3 * (world - 1)
-        assert rec.messages == 2 * (world - 1)
+        assert rec.messages == world - 1  # gloo, a small CPU block: one direct exchange
+        ring, ring_rec = out["ring_all_gather"]
+        assert torch.equal(ring, g)
+        assert (ring_rec.elements_sent, ring_rec.elements_recv) == (rec.elements_sent, rec.elements_recv)
+        assert ring_rec.messages == 2 * (world - 1)  # the ring, in halves
         rs, rec = out["reduce_scatter"]
         assert torch.equal(rs, torch.full((2,), float(sum(range(world)))))
         assert rec.elements_sent == rec.elements_recv == 2 * (world - 1)
         assert rec.messages == world - 1  # one direct exchange of the blocks, not gloo's allreduce
         counters = out["counters"]
         assert counters["reductions_global"] == 1
-        assert counters["collectives_global"] == 7
+        assert counters["collectives_global"] == 8
     # Conservation: what all ranks send, all ranks receive.
     for key in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
         assert sum(o[key][1].elements_sent for o in results) == sum(o[key][1].elements_recv for o in results)
@@ -151,7 +162,7 @@ def test_uneven_all_to_all_and_allgatherv_are_exact(world):
         size_call, gather_call = gcalls
         assert size_call.op == "all_gatherv_counts" and gather_call.op == "all_gatherv"
         assert size_call.elements_sent == size_call.elements_recv == world - 1
-        assert size_call.messages == gather_call.messages == 2 * (world - 1)  # ring allgathers, in halves
+        assert size_call.messages == gather_call.messages == world - 1  # small blocks on gloo: direct
         assert gather_call.elements_sent == gather_call.elements_recv == (world - 1) * (world - 1)
         assert gather_call.bytes_sent == gather_call.bytes_recv == 8 * (world - 1) ** 2
         assert (gather_call.elements_sent, gather_call.bytes_sent) == (plain.elements_sent, plain.bytes_sent)

@@ -58,8 +58,9 @@ def volume_body(rank: int, world: int, n: int, steps: int, params: dict) -> dict
     return {"k": algo.k, "sent": sent, "logged": logged}
 
 
-def run_volume(world: int, control: str, n: int = 50_000, steps: int = 60, density: float = 0.01) -> dict:
-    params = {"density": density, "warmup_steps": 10, "threshold_control": control}
+def run_volume(world: int, control: str, n: int = 50_000, steps: int = 60, density: float = 0.01,
+               **options) -> dict:
+    params = {"density": density, "warmup_steps": 10, "threshold_control": control, **options}
     per_rank = run_distributed(volume_body, world, args=(n, steps, params), timeout_s=300)
     k = per_rank[0]["k"]
     per_step = torch.tensor([r["sent"] for r in per_rank], dtype=torch.float64).max(0).values / k
@@ -77,6 +78,16 @@ def test_bounded_control_keeps_every_step_below_6k(world):
     assert torch.allclose(torch.tensor(logged, dtype=torch.float64), windows, rtol=1e-12)
     for r in res["ranks"]:
         assert r["logged"][-1]["volume_over_k_max"] == res["ranks"][0]["logged"][-1]["volume_over_k_max"]
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_balancing_whenever_cheaper_also_stays_below_6k_and_sends_less(world):
+    """balance_when=cheaper balances on every step where that sends fewer elements: still below
+    6k, and never more elements than the default, which balances only when over the budget."""
+    cheaper = run_volume(world, "bounded", balance_when="cheaper")
+    default = run_volume(world, "bounded")
+    assert float(cheaper["per_step_max"].max()) < 6
+    assert float(cheaper["per_step_max"].sum()) <= float(default["per_step_max"].sum())
 
 
 @pytest.mark.parametrize("world", [4, 8])

@@ -17,6 +17,8 @@ from commlab.compress.threshold import (
     ThresholdOptions,
     ThresholdSelector,
     kth_largest,
+    kth_magnitude,
+    top_magnitudes,
 )
 from commlab.registry import BENCHMARKS, SELECTORS
 
@@ -136,3 +138,20 @@ def test_selection_benchmark_reports_every_selector(tmp_path, capsys):
         assert r["ratio_topk"] > 0 and r["ratio_read"] > 0
         assert r["selector"] == "read (x.sum)" or r["selected"] > 0
     assert "| selector" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("guess", [None, 1e-30, 0.05, 0.5, 1.7, 2.5, 40.0, float("inf")])
+def test_top_magnitudes_from_a_guess_are_torch_topks(guess):
+    """Whatever the guess (far below, near, above the k-th largest, none), the k largest |x|
+    are exactly torch.topk's, zeros and NaN included."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(50_000, generator=g) * torch.rand(50_000, generator=g) ** 3
+    x[::97] = 0.0
+    for k in (1, 37, 500, 5_000, 49_000):
+        want = torch.topk(x.abs(), k, sorted=True).values
+        assert torch.equal(top_magnitudes(x, k, guess), want), (k, guess)
+        assert kth_magnitude(x, k, guess) == float(want[-1])
+    x[123] = float("nan")
+    got = top_magnitudes(x, 100, 1.0)
+    assert torch.isnan(got[0]) and torch.equal(got[1:], torch.topk(x.abs(), 100).values[1:])
+    assert kth_magnitude(x, x.numel(), 1.0) == 0.0

@@ -55,10 +55,12 @@ gradients at P = 8 a rank sends up to 17k elements in one step. ``threshold_cont
   rounds over the gathered spread cost at most k/2 elements, so a small k gets more, cheaper
   rounds; the cap reserves that search's worst case only on a step that may run one, and when
   every non-zero entry fits under the cap the threshold is 0 with no search at all;
-* allgather: the kept pairs, balanced first (surplus <= 2(K - floor(K/P)), then equal slices
-  2(P-1)ceil(K/P): <= 4K(P-1)/P + 2P in all) unless the plain allgatherv (2(P-1) times the
-  largest count, every slice padded to it) is cheaper for the busiest rank; every rank knows
-  every count, so all choose alike.
+* allgather: the kept pairs in a plain allgatherv (2(P-1) times the largest count, every slice
+  padded to it) when that keeps the busiest rank under the budget or is the cheaper, else balanced
+  first (surplus <= 2(K - floor(K/P)), then equal slices 2(P-1)ceil(K/P): <= 4K(P-1)/P + 2P in
+  all, which the cap K reserves). Balancing costs a collective more, so by default
+  (``balance_when: over_budget``) it runs only when needed; ``balance_when: cheaper`` balances
+  whenever that sends fewer elements. Every rank knows every count, so all choose alike.
 
 Hence V <= 2k + 4k(P-1)/P + O(P) and, whatever P and the data, V < 6k. K = k unless k is small
 against P (the O(P) count and probe terms): with the tiny MLP's k = 509 at P = 32 the cap is
@@ -110,6 +112,7 @@ from commlab.core.sparse import (
 from commlab.registry import ALGORITHMS
 
 CONTROLS = ("bounded", "release")
+BALANCE_WHEN = ("over_budget", "cheaper")
 TABLE_FIELDS = 2 + SPREAD_FIELDS  # per rank: kept count, spread, elements sent so far (then the window)
 
 
@@ -149,6 +152,8 @@ class OkTopk(SparseAlgorithm):
         schedule: str = "alltoall"  # split-and-reduce: one all_to_all, or P-1 explicit rotated rounds
         threshold_control: str = "bounded"  # bounded: volume < volume_budget*k every step; release: nudges
         volume_budget: float = 6.0  # bounded control: elements sent per rank and step stay below this * k
+        balance_when: str = "over_budget"  # bounded control: balance when the plain allgatherv would break the
+        # budget ("over_budget": a collective fewer on most steps) or whenever it sends fewer elements ("cheaper")
 
         def validate(self) -> None:
             super().validate()
@@ -159,6 +164,8 @@ class OkTopk(SparseAlgorithm):
                 raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
             if self.threshold_control not in CONTROLS:
                 raise ValueError(f"threshold_control must be one of {CONTROLS}, got {self.threshold_control!r}")
+            if self.balance_when not in BALANCE_WHEN:
+                raise ValueError(f"balance_when must be one of {BALANCE_WHEN}, got {self.balance_when!r}")
             if self.volume_budget < 2:
                 raise ValueError(f"volume_budget must be >= 2 (units of k), got {self.volume_budget}")
             self.local_thresholds().validate()
@@ -192,7 +199,7 @@ class OkTopk(SparseAlgorithm):
         marks = (self.local.exact_computations, self.local.recomputes, self.global_.exact_computations,
                  self.window["global_recomputes"])
         with self.selecting() as box:
-            selected = self.local.select(acc, k, step)    # guarded (or capped), then nudged
+            selected, values = self.local.select_pairs(acc, k, step)  # guarded (or capped), then nudged
             box[0] = selected.numel()
         self.note("local_selected", selected.numel())
 
@@ -201,7 +208,7 @@ class OkTopk(SparseAlgorithm):
             with self.phase("repartition"):
                 self.regions = Regions(balanced_boundaries(self.comm, selected, self.n))
         with self.phase("split"):
-            r_idx, r_val = split_and_reduce(self.comm, selected, acc[selected], self.regions,
+            r_idx, r_val = split_and_reduce(self.comm, selected, values, self.regions,
                                             sorted_indices=True, schedule=o.schedule)
         self.note("region_reduced", r_idx.numel())
 
@@ -266,12 +273,14 @@ class OkTopk(SparseAlgorithm):
         spread = Spread.combine([row[1:1 + SPREAD_FIELDS] for row in table])
         due = self.global_.due(step)
         cap = self._global_cap(spent, probes=0, window=window)  # no search this step: none reserved
+        allowance = self._allowance(spent, probes=0, window=window)
         low = int(min(self.options.band_lower * k, cap))
         if due or not low <= sum(counts) <= cap:
             if spread.nonzero <= cap:  # every non-zero entry fits: threshold 0, no search, counts known
                 thr, counts = 0.0, [row[1] for row in table]
             else:
-                thr, counts = self._recompute(r_val, table, window, spread, spent, due)
+                thr, counts, probes = self._recompute(r_val, table, window, spread, spent, due)
+                allowance = self._allowance(spent, probes, window)
             if due:
                 self.global_.set_exact(thr)
                 self.note("exact_global_steps", 1)
@@ -289,10 +298,13 @@ class OkTopk(SparseAlgorithm):
         if p == 1 or total == 0:
             return s_idx, s_val
         # Busiest rank's elements: a plain allgatherv against balancing (its surplus is at most
-        # K - floor(K/P)) + an allgather of equal slices. Every rank knows the counts: same choice.
+        # K - floor(K/P)) + an allgather of equal slices. Balancing costs a collective more: by
+        # default it runs only when the plain allgatherv would take the busiest rank past the
+        # budget. Every rank knows the counts and the table: all choose alike.
         width = -(-total // p)
         balanced = 2 * min(max(counts), total - total // p) + 2 * (p - 1) * width
-        if 2 * (p - 1) * max(counts) <= balanced:
+        plain = 2 * (p - 1) * max(counts)
+        if plain <= balanced or (self.options.balance_when == "over_budget" and plain <= allowance):
             with self.phase("allgather"):
                 g_idx, g_val, _ = allgatherv_pairs(self.comm, s_idx, s_val, self.n, counts)
             return g_idx, g_val
@@ -302,13 +314,15 @@ class OkTopk(SparseAlgorithm):
             return allgather_equal(self.comm, slices, owned)
 
     def _recompute(self, r_val: torch.Tensor, table: list[list[int]], window: Window | None, spread: Spread,
-                   spent: int, due: bool) -> tuple[float, list[int] | None]:
-        """The new global threshold and, when the table already holds them, every rank's count at
-        it (None: gather them). The cap reserves the worst case of a search over the spread; an
-        edge of the gathered window histogram whose count is in the band answers without one."""
+                   spent: int, due: bool) -> tuple[float, list[int] | None, int]:
+        """The new global threshold; when the table already holds them, every rank's count at it
+        (None: gather them); and the elements reserved for the search (0 when none ran). The cap
+        reserves the worst case of a search over the spread; an edge of the gathered window
+        histogram whose count is in the band answers without one."""
         p, k = self.comm.size, self.k
         bins = bins_within(k / 2, r_val.dtype, p, spread)
-        cap = self._global_cap(spent, probes=probe_cost_bound(r_val.dtype, p, bins, spread) + (p - 1), window=window)
+        probes = probe_cost_bound(r_val.dtype, p, bins, spread) + (p - 1)
+        cap = self._global_cap(spent, probes=probes, window=window)
         low = int(min(self.options.band_lower * k, cap))
         quarter = (cap - low) // 4
         # due: the exact top-cap; otherwise the middle half of the band (a drifting count stays in it)
@@ -321,24 +335,29 @@ class OkTopk(SparseAlgorithm):
             if fits:
                 best = min(fits, key=lambda j: (abs(every[j] - (k_min + k_max) / 2), -j))
                 self.note("window_answers", 1)
-                return from_bits(window.edges[best], r_val.dtype), [counts[best] for counts in ranks]
+                return from_bits(window.edges[best], r_val.dtype), [counts[best] for counts in ranks], 0
             start = window.start(every, k_max, spread)
         with self.phase("threshold"):
-            return distributed_threshold(self.comm, r_val, k_max, k_min, bins=bins, spread=spread, start=start), None
+            thr = distributed_threshold(self.comm, r_val, k_max, k_min, bins=bins, spread=spread, start=start)
+        return thr, None, probes
+
+    def _allowance(self, spent: int, probes: int, window: Window | None = None) -> float:
+        """Elements the busiest rank may still send after the count table (and ``probes``, a
+        threshold search and its count allgather when one runs) without reaching the budget: it
+        had sent ``spent`` before the table, which costs TABLE_FIELDS + the window's bins + 1
+        elements to each of the P-1 other ranks."""
+        p, k = self.comm.size, self.k
+        table = (TABLE_FIELDS + (window.bins + 1 if window else 0)) * (p - 1)
+        return self.options.volume_budget * k - 1 - spent - table - probes
 
     def _global_cap(self, spent: int, probes: int, window: Window | None = None) -> int:
-        """Largest total of kept entries whose allgather keeps every rank below the budget.
-
-        A rank that had sent ``spent`` elements before the count table then sends at most: the
-        table (TABLE_FIELDS + the window's bins + 1 per rank to P-1 ranks), ``probes`` (a threshold
-        search and its count allgather, when one runs), its balance surplus 2(K - floor(K/P)) and
-        the allgather of the balanced slices 2(P-1)ceil(K/P): all together <= 4K(P-1)/P + 2P + the
-        rest."""
+        """Largest total K of kept entries whose allgather keeps every rank below the budget: a
+        rank's balance surplus 2(K - floor(K/P)) and the allgather of the balanced slices
+        2(P-1)ceil(K/P) are together <= 4K(P-1)/P + 2P, which must fit :meth:`_allowance`."""
         p, k = self.comm.size, self.k
         if p == 1:
             return k
-        table = (TABLE_FIELDS + (window.bins + 1 if window else 0)) * (p - 1)
-        left = self.options.volume_budget * k - 1 - spent - table - probes - 2 * p
+        left = self._allowance(spent, probes, window) - 2 * p
         return max(0, min(k, int(left * p // (4 * (p - 1)))))
 
     def _thresholded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -55,7 +55,8 @@ TOLERANCE = 0.10  # payload within 10% of the accounted bytes: the accounting de
 #: The gloo algorithm behind each operation the Communicator records (commlab.core.costs).
 GLOO_ALGORITHMS = {
     "all_reduce": "ring allreduce", "ddp_all_reduce": "ring allreduce (DDP's buckets)",
-    "all_gather": "ring allgather", "all_to_all": "direct exchange", "all_to_all_counts": "direct exchange",
+    "all_gather": "ring allgather (blocks up to 14 KiB: one direct exchange)", "all_to_all": "direct exchange",
+    "all_to_all_counts": "direct exchange",
     "reduce_scatter": "direct exchange", "broadcast": "binomial tree", "send": "point-to-point",
     "recv": "point-to-point", "barrier": "barrier",
 }

@@ -39,6 +39,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
+from commlab.compress.native import Buffers, Kernel, kernel
+
 # Float formats by their bit patterns, in plain Python: thresholds are host numbers, and host
 # arithmetic done with torch scalars would read like device work.
 _FORMATS = {torch.float64: ("<d", "<Q"), torch.float32: ("<f", "<I"), torch.float16: ("<e", "<H")}
@@ -99,6 +101,7 @@ class Scratch:
     def __init__(self):
         self._values: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
+        self.native = Buffers()  # the CPU kernel's work space
 
     def buffers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A values buffer like ``x`` and a boolean buffer of its length."""
@@ -166,13 +169,32 @@ def compact(mask: torch.Tensor) -> torch.Tensor:
 
 
 def select_at_least(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
-    """Sorted int64 positions of the entries of flat ``x`` with |x| >= t, x != 0."""
-    return compact(at_least(x.reshape(-1), t, scratch))
+    """Sorted int64 positions of the entries of flat ``x`` with |x| >= t, x != 0 (NaN passes). On
+    the CPU, for float32, the one-pass kernel of :mod:`commlab.compress.native` when it could be
+    built (the mask and the compaction in one read); else :func:`at_least` and :func:`compact`."""
+    return _select(x.reshape(-1), t, scratch, values=False)
+
+
+def select_pairs_at_least(x: torch.Tensor, t: float, scratch: Scratch | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`select_at_least`'s positions and the values there. The CPU kernel keeps each value
+    as it reads it (no second, cache-missing gather); elsewhere the values are gathered."""
+    return _select(x.reshape(-1), t, scratch, values=True)
+
+
+def _select(flat: torch.Tensor, t: float, scratch: Scratch | None, values: bool):
+    if _numpy(flat) and Kernel.supports(flat):
+        native = kernel()
+        if native is not None:
+            t = max(in_dtype(t, flat.dtype), _tiny(flat.dtype))
+            return native.select(flat, t, scratch.native if scratch is not None else None, values=values)
+    idx = compact(at_least(flat, t, scratch))
+    return (idx, flat[idx]) if values else idx
 
 
 def select_above(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
     """Sorted int64 positions of the entries of flat ``x`` with |x| > t."""
-    return compact(above(x.reshape(-1), t, scratch))
+    return select_at_least(x, next_up(t, x.dtype) if t >= 0 else 0.0, scratch)
 
 
 def magnitude_stats(x: torch.Tensor, who: str) -> tuple[torch.Tensor, float, float]:
@@ -229,9 +251,17 @@ def counts_at_least(x: torch.Tensor, thresholds: list[float], among: torch.Tenso
     return [at[t] for t in rounded]
 
 
+NATIVE_COUNT_THRESHOLDS = 16  # the CPU kernel counts up to this many thresholds per pass (a compare each)
+
+
 def _counts_cpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
     """Counts of |x| >= t for ascending ``ts`` on the CPU (NaN passes, as the masks let it). Its
-    ``.numpy()`` stands for the one host read of the GPU's counts."""
+    ``.numpy()`` stands for the one host read of the GPU's counts. A few thresholds of a float32
+    tensor: the native kernel's one pass; else numpy, from the lowest threshold, continuing on the
+    sorted entries that pass once few do."""
+    native = kernel() if Kernel.supports(flat) and len(ts) <= NATIVE_COUNT_THRESHOLDS else None
+    if native is not None:
+        return native.count(flat.contiguous(), ts)
     a = np.abs((flat.float() if flat.dtype == torch.bfloat16 else flat).numpy())
     n, work, out = a.size, None, []
     below = np.empty(n, dtype=bool)

@@ -1,8 +1,10 @@
 """Threshold estimation: exact top-k every few steps, a reused and nudged threshold in between
 (Li & Hoefler, PPoPP'22, section 4: Ok-Topk's local and global thresholds, as released in Shigangli/Ok-Topk).
 
-Computing the exact k-th largest magnitude costs a top-k over the whole tensor. Gradients change
-slowly, so Ok-Topk computes it only every ``recompute_every`` steps (tau = 32) and in between
+Computing the exact k-th largest magnitude costs a top-k over the whole tensor (or, with the
+previous threshold as a guess, one counting pass and a top-k over the few k entries above the
+right rung: :func:`top_magnitudes`). Gradients change slowly, so Ok-Topk computes it only every
+``recompute_every`` steps (tau = 32) and in between
 selects with the previous threshold, corrected multiplicatively from the count it selected:
 more than ``upper``·k selected -> multiply by ``up`` (1.012), fewer than ``lower``·k -> divide by
 ``down`` (1.012); the band is [3k/4, 5k/4]. Before selecting with a reused threshold, a guard
@@ -36,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from commlab.compress.scan import Scratch, at_least, compact, counts_at_least, select_at_least
+from commlab.compress.scan import Scratch, counts_at_least, select_pairs_at_least
 from commlab.registry import SELECTORS
 
 
@@ -74,6 +76,35 @@ def kth_largest(magnitudes: torch.Tensor, k: int) -> float:
     if k >= flat.numel():
         return 0.0
     return float(torch.topk(flat, k, sorted=False).values.min())
+
+
+# Rungs around a guessed k-th largest magnitude: 3 octaves below it to one above, 19% apart (16:
+# one counting pass of the CPU kernel, one bucketize on a GPU).
+LADDER = tuple(2.0 ** (j / 4) for j in range(-12, 4))
+
+
+def top_magnitudes(x: torch.Tensor, k: int, guess: float | None = None) -> torch.Tensor:
+    """The k largest |x| of flat ``x`` (1 <= k <= x.numel()), descending: exactly
+    ``torch.topk(x.abs(), k).values``. With ``guess`` (a previous k-th largest) one pass counts
+    the entries above each rung of :data:`LADDER` times it, and the top-k is taken among the
+    entries above the highest rung that k of them pass: they hold the top-k, and they are a few k
+    entries instead of the tensor. Without a guess, or when even the lowest rung lets fewer than k
+    pass, over the whole tensor."""
+    flat = x.reshape(-1)
+    if guess is not None and 0 < guess < math.inf:
+        rungs = [guess * r for r in LADDER]
+        enough = [t for t, c in zip(rungs, counts_at_least(flat, rungs), strict=True) if c >= k]
+        if enough:
+            _, candidates = select_pairs_at_least(flat, max(enough))
+            return torch.topk(candidates.abs(), k, sorted=True).values
+    return torch.topk(flat.abs(), k, sorted=True).values
+
+
+def kth_magnitude(x: torch.Tensor, k: int, guess: float | None = None) -> float:
+    """The k-th largest |x| (0.0 when k reaches the number of entries), by :func:`top_magnitudes`."""
+    if k >= x.numel():
+        return 0.0
+    return float(top_magnitudes(x, k, guess)[-1])
 
 
 def first_within(counts: list[int], ok) -> int:
@@ -116,8 +147,8 @@ class ThresholdEstimator:
         self.exact_computations += 1
         return self.value
 
-    def _guard(self, x: torch.Tensor, passing: torch.Tensor, k: int) -> float | None:
-        """The raised threshold when the entries ``passing`` the reused one are more than
+    def _guard(self, passing: torch.Tensor, k: int) -> float | None:
+        """The raised threshold when the values ``passing`` the reused one are more than
         guard_factor*k (None: no raise): each raise by guard_scale, at most guard_loops, stopping
         at the first that lets at most guard_factor*k pass; all counted among ``passing`` (every
         raise keeps fewer), with no pass over x."""
@@ -125,14 +156,14 @@ class ThresholdEstimator:
         if not o.guard_loops or thr <= 0 or passing.numel() <= o.guard_factor * k:
             return None
         candidates = raised(thr, o.guard_scale, o.guard_loops)
-        counts = counts_at_least(x, candidates, among=passing)
+        counts = counts_at_least(passing, candidates)
         return candidates[first_within(counts, lambda c: c <= o.guard_factor * k)]
 
     def guarded(self, magnitudes: torch.Tensor, k: int) -> float:
         """The reused threshold, raised while more than guard_factor*k entries would pass."""
         thr = self.value
         if thr > 0:
-            thr = self._guard(magnitudes, select_at_least(magnitudes, thr), k) or thr
+            thr = self._guard(select_pairs_at_least(magnitudes, thr)[1], k) or thr
         self.value = thr
         return thr
 
@@ -145,20 +176,26 @@ class ThresholdEstimator:
     def select(self, x: torch.Tensor, k: int, step: int) -> torch.Tensor:
         """Sorted int64 indices of flat ``x`` selected at ``step`` (exact or guarded threshold,
         |x| >= threshold), then nudged."""
+        return self.select_pairs(x, k, step)[0]
+
+    def select_pairs(self, x: torch.Tensor, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`select`'s indices and the values of ``x`` there (kept as the selection reads
+        them: the guard and the cap work on these, and a caller need not gather them again)."""
         if self.options.cap:
             return self._select_capped(x, k, step)
         if self.due(step):
-            idx = select_at_least(x, self.set_exact(kth_largest(x.abs(), k)), self.scratch)
+            idx, vals = select_pairs_at_least(x, self.set_exact(kth_magnitude(x, k, self.value)), self.scratch)
         else:
-            idx = select_at_least(x, self.value, self.scratch)
-            thr = self._guard(x, idx, k)
+            idx, vals = select_pairs_at_least(x, self.value, self.scratch)
+            thr = self._guard(vals, k)
             if thr is not None:  # a raise keeps a subset of the selection: no second pass over x
                 self.value = thr
-                idx = idx[compact(at_least(x.reshape(-1)[idx], thr))]
+                keep, vals = select_pairs_at_least(vals, thr)
+                idx = idx.index_select(0, keep)
         self.observe(idx.numel(), k)
-        return idx
+        return idx, vals
 
-    def _select_capped(self, x: torch.Tensor, k: int, step: int) -> torch.Tensor:
+    def _select_capped(self, x: torch.Tensor, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """At most cap*k entries: more pass the reused threshold -> the exact top-(cap*k) of those
         that pass (they hold all of them: cheap, no pass over the whole tensor); fewer than
         lower*k -> the exact threshold. After either, the threshold kept for the next steps
@@ -169,22 +206,23 @@ class ThresholdEstimator:
         aim = max(1, math.ceil((o.lower + o.cap) / 2 * k))
         due = self.due(step)
         if due:
-            idx = select_at_least(x, self.set_exact(kth_largest(x.abs(), k)), self.scratch)
+            idx, vals = select_pairs_at_least(x, self.set_exact(kth_magnitude(x, k, self.value)), self.scratch)
         else:
-            idx = select_at_least(x, self.value, self.scratch)
+            idx, vals = select_pairs_at_least(x, self.value, self.scratch)
             if idx.numel() < o.lower * k and k < x.numel():
                 self.recomputes += 1
                 self.exact_computations += 1
-                top = torch.topk(x.reshape(-1).abs(), k, sorted=True).values
+                top = top_magnitudes(x, k, self.value)  # the reused threshold passes too few: a guess from above
                 self.value, last = top[[aim - 1, k - 1]].tolist()
-                idx = select_at_least(x, last, self.scratch)
+                idx, vals = select_pairs_at_least(x, last, self.scratch)
         if idx.numel() > cap:   # ties at an exact threshold, or a reused one fallen behind
-            top = torch.topk(x.reshape(-1)[idx].abs(), cap, sorted=True)
-            idx = torch.sort(idx[top.indices]).values
+            top = torch.topk(vals.abs(), cap, sorted=True)
+            order = torch.sort(top.indices).values  # idx ascends: so do the kept positions
+            idx, vals = idx[order], vals[order]
             if not due:
                 self.recomputes += 1
                 self.value = float(top.values[min(aim, cap) - 1])
-        return idx
+        return idx, vals
 
     def observe(self, count: int, k: int) -> None:
         """Nudge the threshold for the next step from the number of entries it selected."""
