@@ -25,9 +25,10 @@ all: run
 
 # Debian packages, installed when apt and root are available and one of them is missing.
 # What the default run needs: Fashion-MNIST, iproute2 and util-linux (emulated links for the
-# speed claims). What the tests add: a local SLURM cluster's daemons (tests/test_slurm_cluster.py,
+# speed claims), and a C compiler (the CPU's one-pass selection kernel, built on first use;
+# without one commlab warns and selects with numpy). What the tests add: a local SLURM cluster's daemons (tests/test_slurm_cluster.py,
 # make slurm-up) and chromium (the report view test).
-RUN_PACKAGES := dataset-fashion-mnist iproute2 util-linux
+RUN_PACKAGES := dataset-fashion-mnist iproute2 util-linux gcc
 TEST_PACKAGES := $(RUN_PACKAGES) munge slurmctld slurmd slurm-client slurmdbd mariadb-server chromium
 define apt_install
 	@if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -38,7 +39,8 @@ define apt_install
 endef
 
 system-packages:
-	@if [ ! -d $(FMNIST) ] || ! command -v ip >/dev/null || ! command -v unshare >/dev/null; then \
+	@if [ ! -d $(FMNIST) ] || ! command -v ip >/dev/null || ! command -v unshare >/dev/null || \
+	  ! command -v cc >/dev/null; then \
 	  $(MAKE) --no-print-directory apt-run; fi
 
 test-packages: system-packages
