@@ -69,6 +69,23 @@ def _jobs(cluster, name: str | None = None) -> list[dict]:
     return [r for r in rows if name is None or name in r["comment"]]
 
 
+def _accounted(cluster, name: str | None = None, completed: int = 1, keep=lambda job: True) -> list[dict]:
+    """:func:`_jobs` (those ``keep`` takes) once sacct holds ``completed`` finished attempts:
+    slurmctld sends a job's end, and the comment its name is read from, to slurmdbd
+    asynchronously, so under load sacct lags the job by seconds. After a minute, what it holds."""
+    rows: list[dict] = []
+
+    def settled() -> bool:
+        rows[:] = [j for j in _jobs(cluster, name) if keep(j)]
+        return sum(j["state"] == "COMPLETED" for j in rows) >= completed
+
+    try:
+        wait_for(settled, timeout=60, poll=1)
+    except AssertionError:
+        pass  # the caller's assertions show what sacct holds
+    return rows
+
+
 def _running(cluster, name: str) -> dict:
     """The running job of one Snakemake job (squeue: sacct stores the comment at the end)."""
     out = cluster.slurm("squeue", "-h", "-t", "RUNNING", "-o", "%i|%k|%N") or ""
@@ -98,7 +115,7 @@ def test_smoke_grid_completes_on_slurm(cluster, mlflow_uri, tmp_path):
         run = runs[s["run_id"]]
         assert run.info.status == "FINISHED"
         assert 0 < run.data.metrics["train_loss"] < 2.3  # below chance level's log(10)
-    jobs = [j for j in _jobs(cluster) if "rule_train" in j["comment"]]
+    jobs = _accounted(cluster, completed=2, keep=lambda j: "rule_train" in j["comment"])
     assert len(jobs) == 2 and all(j["state"] == "COMPLETED" and j["nodes"] in ("c1", "c2") for j in jobs)
 
 
@@ -109,7 +126,7 @@ def test_two_nodes_train_like_one(cluster, mlflow_uri, tmp_path):
     one, two = runs["one_node-seed0-smoke"], runs["two_nodes-seed0-smoke"]
     assert one.info.status == two.info.status == "FINISHED"
     # the two-node job held both nodes and its torchrun step ran one task on each
-    two_nodes = [j for j in _jobs(cluster, "two_nodes") if j["state"] == "COMPLETED"]
+    two_nodes = [j for j in _accounted(cluster, "two_nodes") if j["state"] == "COMPLETED"]
     assert len(two_nodes) == 1 and two_nodes[0]["nodes"] == "c[1-2]"
     steps = cluster.slurm("sacct", "-j", two_nodes[0]["id"], "-P", "-n", "-o", "JobID,NodeList,NTasks")
     assert any(line.split("|")[1:] == ["c[1-2]", "2"] for line in steps.splitlines()), steps
@@ -142,7 +159,7 @@ def test_requeued_job_resumes_the_same_run(cluster, mlflow_uri, tmp_path):
     assert steps[0] % 16 != 0, steps  # written on SIGTERM, mid-epoch (16 steps per epoch)
     cluster.slurm("scontrol", "update", f"JobId={job['id']}", "StartTime=now")  # skip the two minutes
     finish(smk, proj)
-    attempts = [j for j in _jobs(cluster, "requeued")]
+    attempts = _accounted(cluster, "requeued")
     assert [j["state"] for j in attempts] == ["REQUEUED", "COMPLETED"] and len({j["id"] for j in attempts}) == 1
     runs = [r for name, r in mlflow_runs(mlflow_uri).items() if name == "requeued-seed0-smoke"]
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
@@ -173,7 +190,7 @@ def test_killed_node_fails_the_job_and_the_requeued_job_finishes(cluster, mlflow
             if cluster.node_states().get(node) not in ("idle", "mix", "alloc"):
                 cluster.start_node(node)
         cluster.wait_idle(120)
-    attempts = _jobs(cluster, "node_killed")
+    attempts = _accounted(cluster, "node_killed")
     # what `sacct -D` tells: the attempt on the killed node failed with NODE_FAIL
     assert [(j["state"], j["nodes"]) for j in attempts][0] == ("NODE_FAIL", job["nodes"]), attempts
     assert attempts[-1]["state"] == "COMPLETED" and attempts[-1]["nodes"] != job["nodes"], attempts
