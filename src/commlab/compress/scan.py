@@ -17,6 +17,9 @@ instead:
   in one pass (``torch.bucketize`` against the thresholds and their negatives, then a histogram),
   so that a search over thresholds (a guard, a correction loop, RedSync's ratios) reads the
   tensor once per round instead of once per candidate, and the host reads one small vector.
+* on the CPU, for float32: :mod:`commlab.compress.native`'s kernel, which selects (positions and
+  values, :func:`select_pairs_at_least`) and counts up to 16 thresholds in one read, when it
+  could be built; numpy's passes otherwise.
 
 A selection is then: a mask, a compaction and, only when its count misses, one multi-threshold
 count and a second compaction. Thresholds are Python floats compared in the tensor's dtype (the
@@ -261,7 +264,7 @@ def _counts_cpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
     sorted entries that pass once few do."""
     native = kernel() if Kernel.supports(flat) and len(ts) <= NATIVE_COUNT_THRESHOLDS else None
     if native is not None:
-        return native.count(flat.contiguous(), ts)
+        return native.count(flat, ts)
     a = np.abs((flat.float() if flat.dtype == torch.bfloat16 else flat).numpy())
     n, work, out = a.size, None, []
     below = np.empty(n, dtype=bool)

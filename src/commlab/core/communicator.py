@@ -81,9 +81,21 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp
 
 # torch 2.14 renamed the flat collectives; use the new names where they exist.
 _all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-# gloo all_gathers of CPU blocks up to this many bytes go in one all_to_all (Communicator.all_gather):
-# about TCP's initial congestion window (10 segments of 1448 B), so that each goes in one flight.
-DIRECT_GATHER_BYTES = int(os.environ.get("COMMLAB_DIRECT_GATHER_BYTES", 14 * 1024))
+
+
+def _direct_gather_bytes(default: int = 14 * 1024) -> int:
+    """gloo all_gathers of CPU blocks up to this many bytes go in one all_to_all
+    (:meth:`Communicator.all_gather`): by default about TCP's initial congestion window (10
+    segments of 1448 B), so that each goes in one flight; ``COMMLAB_DIRECT_GATHER_BYTES`` sets it."""
+    text = os.environ.get("COMMLAB_DIRECT_GATHER_BYTES", "").strip()
+    if not text:
+        return default
+    if not text.isdigit():
+        raise ValueError(f"COMMLAB_DIRECT_GATHER_BYTES must be a number of bytes >= 0, got {text!r}")
+    return int(text)
+
+
+DIRECT_GATHER_BYTES = _direct_gather_bytes()
 _reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 

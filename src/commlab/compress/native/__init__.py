@@ -13,11 +13,12 @@ The shared library is built with the system's C compiler (``$CC``, else ``cc``) 
 folder (``$COMMLAB_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/commlab/native``, else
 ``~/.cache/commlab/native``), named by a hash of the source, the flags, the compiler and the
 CPU's model and flags, so that a cache shared by different machines keeps one build per kind of
-CPU. It links the OpenMP runtime by its soname, ``libgomp.so.1``: the copy torch loaded is reused
-(with a torch built against another OpenMP runtime it would load the system's beside it: correct,
-with two thread pools). Concurrent first uses each build to a private file and rename it into place. Without a
-compiler, or with ``COMMLAB_NATIVE=0``, :func:`kernel` is None (with one warning naming why,
-unless disabled on purpose) and the selection falls back to numpy's passes: slower, same result.
+CPU. Concurrent first uses each build to a private file and rename it into place. It links the
+OpenMP runtime by its soname, ``libgomp.so.1``: the copy torch loaded is reused (with a torch
+built against another OpenMP runtime it would load the system's beside it: correct, with two
+thread pools). Without a compiler, or with ``COMMLAB_NATIVE=0``, :func:`kernel` is None (with one
+warning naming why, unless disabled on purpose) and the selection falls back to numpy's passes:
+slower, same result.
 
 Example::
 
@@ -139,9 +140,7 @@ class Kernel:
         n = x.numel()
         buffers = buffers or Buffers()
         positions, found = buffers.get(n, values)
-        if threads is None:
-            threads = min(torch.get_num_threads(), n // PER_THREAD)
-        threads = max(1, min(threads, MAX_THREADS))
+        threads = _threads(n, threads)
         found_ptr = found.data_ptr() if values else None
         total = self.lib.select_f32(_address(x), n, t, positions.data_ptr(), found_ptr, threads,
                                     self._counts.data_ptr())
@@ -158,13 +157,19 @@ class Kernel:
         if len(thresholds) > MAX_THRESHOLDS:
             raise ValueError(f"count takes at most {MAX_THRESHOLDS} thresholds, got {len(thresholds)}")
         n, m = x.numel(), len(thresholds)
-        if threads is None:
-            threads = min(torch.get_num_threads(), n // PER_THREAD)
-        threads = max(1, min(threads, MAX_THREADS))
+        threads = _threads(n, threads)
         ts = (ctypes.c_float * max(m, 1))(*thresholds)
         out = (ctypes.c_int64 * max(m, 1))()
         self.lib.count_f32(_address(x), n, ts, m, threads, out)
         return list(out[:m])
+
+
+def _threads(n: int, threads: int | None) -> int:
+    """How many chunks a pass over ``n`` elements runs at once: ``threads``, by default torch's
+    thread count but none with fewer than ``PER_THREAD`` elements; between 1 and MAX_THREADS."""
+    if threads is None:
+        threads = min(torch.get_num_threads(), n // PER_THREAD)
+    return max(1, min(threads, MAX_THREADS))
 
 
 def _address(x: torch.Tensor) -> int:
@@ -204,10 +209,3 @@ def kernel() -> Kernel | None:
                       RuntimeWarning, stacklevel=2)
         return None
 
-
-def describe() -> str:
-    """One line for benchmark headers: which CPU selection path runs."""
-    k = kernel()
-    if k is None:
-        return "CPU selection: numpy passes (no native kernel)"
-    return f"CPU selection: native one-pass kernel ({k.variant}, {k.path.name})"

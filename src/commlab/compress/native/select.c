@@ -6,8 +6,9 @@
  * order, and (when asked) their values. Each thread reads its chunk once: it compares a vector of
  * x against t and left-packs the positions that pass, and their values, into its own part of an
  * int32 (and a float32) buffer (AVX-512: a compress; AVX2: a permutation looked up from the
- * comparison's bit mask; else a scalar loop). The chunks run in an OpenMP parallel loop. The values come from the vector already loaded:
- * gathering them afterwards would miss the cache once per selected entry. Stores are
+ * comparison's bit mask; else a scalar loop). The chunks run in an OpenMP parallel loop. The
+ * values come from the vector already loaded: gathering them afterwards would miss the cache once
+ * per selected entry. Stores are
  * unconditional and the count advances by the mask's popcount, so there is no branch on the data
  * to mispredict. A thread only ever writes at or before the position it is reading, so chunk j's
  * output stays within chunk j's part of the buffer (chunks start at multiples of 16).
@@ -107,6 +108,12 @@ static int64_t chunk_length(int64_t n, int threads) {
     return ((n + threads - 1) / threads + ALIGN - 1) / ALIGN * ALIGN;  /* ceil(n / threads), rounded up */
 }
 
+/* Chunk j of n elements cut in chunks of len: [*lo, *hi), empty past the end. */
+static void chunk_range(int64_t n, int64_t len, int j, int64_t* lo, int64_t* hi) {
+    *lo = j * len < n ? j * len : n;
+    *hi = (j + 1) * len < n ? (j + 1) * len : n;
+}
+
 /* Positions of x[0..n) passing t, per chunk: counts[j] of them from buf[j * chunk_length] (and
  * their values from vals[j * chunk_length] unless vals is NULL); returns the total. buf holds n
  * int32, vals n float32. With OpenMP the chunks run on the process's OpenMP workers: torch's
@@ -121,7 +128,8 @@ int64_t select_f32(const float* x, int64_t n, float t, int32_t* buf, float* vals
     struct chunk chunks[MAX_THREADS];
     int64_t len = chunk_length(n, threads);
     for (int j = 0; j < threads; j++) {
-        int64_t lo = j * len < n ? j * len : n, hi = (j + 1) * len < n ? (j + 1) * len : n;
+        int64_t lo, hi;
+        chunk_range(n, len, j, &lo, &hi);
         chunks[j] = (struct chunk){x, lo, hi, t, buf, vals, 0};
     }
 #if defined(_OPENMP)
@@ -160,7 +168,9 @@ void count_f32(const float* x, int64_t n, const float* ts, int m, int threads, i
 #pragma omp parallel for schedule(static, 1) num_threads(threads) if (threads > 1)
 #endif
     for (int c = 0; c < threads; c++) {
-        int64_t lo = c * len < n ? c * len : n, hi = (c + 1) * len < n ? (c + 1) * len : n, i = lo;
+        int64_t lo, hi;
+        chunk_range(n, len, c, &lo, &hi);
+        int64_t i = lo;
         int64_t* mine = part[c];
         for (int j = 0; j < m; j++) mine[j] = 0;
 #if defined(__AVX512F__)
