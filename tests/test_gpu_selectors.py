@@ -67,3 +67,86 @@ def test_distributed_threshold_on_cuda_counts_what_brute_force_counts(backend, w
     assert selected == k  # exact top-k: no ties in continuous data
     exact = torch.topk(values.abs(), k + 1).values
     assert exact[k] < t <= exact[k - 1]
+
+
+def special_values(n: int, seed: int) -> torch.Tensor:
+    """Heavy-tailed values with NaN, infinities, signed zeros, a subnormal and entries tied at 1.5."""
+    x = heavy_tailed(n, seed)
+    x[: min(n, 9)] = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1.5, -1.5, 1e-45,
+                                   1.5])[: min(n, 9)]
+    return x
+
+
+@pytest.mark.parametrize("n", [0, 1, 33, 2047, 2048, 2049, 1_000_003])
+def test_the_triton_kernels_select_and_count_as_torch_passes_do(n):
+    """scan's selection and counts on CUDA float32 (the Triton kernels when Triton is there)
+    against torch's passes on the same tensor (``portable_passes``), bit for bit, with room made
+    in advance too small, right and too large."""
+    from commlab.compress import scan
+
+    x = special_values(n, seed=n).cuda()
+    for t in (0.0, 1e-45, 0.5, 1.5, 3.0, 1e30, float("inf")):
+        with scan.portable_passes():
+            want_idx, want_vals = scan.select_pairs_at_least(x, t)
+            want_counts = scan.counts_at_least(x, [t, 2 * t + 1e-30, 0.7])
+        for selected in (None, 0, want_idx.numel(), 10 * want_idx.numel()):
+            scratch = scan.Scratch()
+            scratch.selected = selected
+            idx, vals = scan.select_pairs_at_least(x, t, scratch)
+            assert torch.equal(idx, want_idx), (n, t, selected)
+            assert torch.equal(vals.view(torch.int32), want_vals.view(torch.int32)), (n, t, selected)
+            assert scratch.selected == want_idx.numel()
+        assert torch.equal(scan.select_at_least(x, t), want_idx)
+        assert scan.counts_at_least(x, [t, 2 * t + 1e-30, 0.7]) == want_counts, (n, t)
+
+
+def test_the_triton_kernels_are_used_on_cuda_float32():
+    """With Triton importable (PyTorch's CUDA builds bring it), CUDA float32 selection runs its
+    kernels, not torch's passes: the selection launches no nonzero."""
+    pytest.importorskip("triton")
+    from commlab.compress import scan
+
+    assert scan._gpu_kernels(torch.ones(4, device="cuda")) is not None
+    with scan.portable_passes():
+        assert scan._gpu_kernels(torch.ones(4, device="cuda")) is None
+    assert scan._gpu_kernels(torch.ones(4, device="cuda", dtype=torch.bfloat16)) is None
+
+
+def test_threshold_estimation_on_a_drifting_stream_selects_on_cuda_what_it_selects_on_the_cpu():
+    """Step by step, the same entries and the same threshold on CUDA as on the CPU: the exact
+    first step, reused thresholds, the nudges, and the guard's raises, which on CUDA the selection
+    kernel counts as it writes the entries and keeps with the count known (no further read)."""
+    g = torch.Generator().manual_seed(5)
+    x = heavy_tailed(300_000, seed=5)
+    on_cpu, on_gpu = SELECTORS.get("threshold_estimation")(), SELECTORS.get("threshold_estimation")()
+    k, raises = 3_000, 0
+    for step in range(12):
+        before = on_cpu.threshold
+        chosen = on_cpu(x, k)
+        assert torch.equal(on_gpu(x.cuda(), k).cpu(), chosen), step
+        assert on_gpu.threshold == on_cpu.threshold, step
+        raises += before is not None and on_cpu.threshold > before * 1.012 * 1.0001  # beyond a nudge: the guard
+        x = 0.9 * x + 1.15 ** step * torch.randn(x.shape, generator=g)
+    assert raises >= 2
+
+
+def test_a_selection_counts_a_guards_thresholds_on_cuda_as_torch_passes_do():
+    from commlab.compress import scan
+
+    x = special_values(1_000_003, seed=2).cuda()
+    for t in (0.5, 1.5, 3.0):
+        raises = [t * 1.03 ** j for j in range(1, 6)]
+        with scan.portable_passes():
+            want_idx, want_vals = scan.select_pairs_at_least(x, t)
+            want_counts = scan.counts_at_least(x, raises)
+        for selected in (None, 0, 10 * want_idx.numel()):
+            scratch = scan.Scratch()
+            scratch.selected = selected
+            idx, vals, counts = scan.select_pairs_counting(x, t, raises, scratch)
+            assert torch.equal(idx, want_idx) and torch.equal(vals.view(torch.int32), want_vals.view(torch.int32))
+            assert counts == want_counts, (t, selected)
+        for j in (0, 4):
+            kept_idx, kept_vals = scan.keep_at_least(idx, vals, raises[j], counts[j])
+            with scan.portable_passes():
+                assert torch.equal(kept_idx, scan.select_at_least(x, raises[j]))
+            assert kept_vals.numel() == counts[j]

@@ -115,3 +115,52 @@ def test_compact_on_cpu_and_torch_nonzero_agree():
     got = compact(m)
     assert got.dtype == torch.int64 and torch.equal(got, torch.nonzero(m).view(-1))
     assert compact(torch.zeros(0, dtype=torch.bool)).numel() == 0
+
+
+def test_a_gpu_kernel_failing_on_first_use_warns_once_then_torch_passes_take_over(monkeypatch):
+    """A Triton that cannot compile a kernel here costs speed, not the run: one warning naming the
+    kernel and the error, then torch's passes (None) for that kernel only; once a kernel has run,
+    its errors (out of memory, say) are errors."""
+    import warnings
+
+    from commlab.compress import scan
+
+    monkeypatch.setattr(scan, "_TRITON_WORKED", set())
+    monkeypatch.setattr(scan, "_TRITON_BROKEN", set())
+
+    def broken(x):
+        raise RuntimeError("PTX assembly failed")
+
+    def fine(x):
+        return 2 * x
+
+    with pytest.warns(RuntimeWarning, match="kernel broken failed .*PTX assembly failed.*COMMLAB_TRITON=0"):
+        assert scan._on_gpu(broken, 1) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning, and no second try
+        assert scan._on_gpu(broken, 1) is None
+    assert scan._on_gpu(fine, 3) == 6
+
+    state = {"fail": False}
+
+    def flaky(x):
+        if state["fail"]:
+            raise RuntimeError("CUDA out of memory")
+        return x
+
+    assert scan._on_gpu(flaky, 1) == 1
+    state["fail"] = True
+    with pytest.raises(RuntimeError, match="out of memory"):
+        scan._on_gpu(flaky, 1)
+
+
+def test_the_gpu_kernels_are_for_cuda_float32_only_and_can_be_turned_off(monkeypatch):
+    from commlab.compress import scan
+
+    assert scan._gpu_kernels(torch.ones(3)) is None  # the CPU has its own
+    monkeypatch.setenv("COMMLAB_TRITON", "0")
+    scan._triton_module.cache_clear()
+    try:
+        assert scan._triton_module() is None
+    finally:
+        scan._triton_module.cache_clear()

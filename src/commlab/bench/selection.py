@@ -21,9 +21,10 @@ call. ``--stream fixed`` calls every entry on one tensor (the lower bound of a r
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
 median / read (both < 1 is impossible for ratio_read: it is the floor), and each entry's
 ``bytes_per_element``: the bytes its torch calls read and write in one steady-state call, over n,
-on the passes a GPU runs (:func:`commlab.compress.scan.portable_passes`; the CPU's own numpy
-kernels are not seen by :class:`commlab.bench.opcount.TrafficCounter`); one read of float32 is
-4; work inside one kernel, such as topk's radix passes, is not seen either. The markdown table is printed. Timings on
+on torch's passes (:func:`commlab.compress.scan.portable_passes`: the kernels of our own that the
+timings use, numpy and C on the CPU and Triton on a GPU, are not seen by
+:class:`commlab.bench.opcount.TrafficCounter`); one read of float32 is 4; work inside one kernel,
+such as topk's radix passes, is not seen either. The markdown table is printed. Timings on
 CUDA are synchronised around every call.
 
     commlab bench selection                                   # 1M, 10M, 100M on cpu (and cuda)
@@ -200,8 +201,9 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     stream_text = (f"a drifting stream (x <- 0.9 x + s_t noise, s_t x{args.drift:g} per round)"
                    if args.stream == "drifting" else "one fixed tensor")
     md = [f"Selection of k = {args.density:g}·n of n float32 entries, {stream_text}; median of later calls "
-          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()), bytes the GPU's "
-          f"passes move per element in one steady-state call; "
+          f"(first call apart), ratios to torch.topk(|x|, k) and to one read of x (x.sum()), bytes torch's "
+          f"passes move per element in one steady-state call (the kernels of our own, C on the CPU and Triton on a "
+          f"GPU, which the timings use, read about 4 plus what they select); "
           f"{args.clock} clock, {torch.get_num_threads()} thread(s).", "",
           md_table(table, [("device", "device"), ("elements", "n"), ("selector", "selector"),
                            ("first_ms", "first ms"), ("median_ms", "median ms"), ("amortized_ms", "amortized ms"),

@@ -19,7 +19,10 @@ instead:
   tensor once per round instead of once per candidate, and the host reads one small vector.
 * on the CPU, for float32: :mod:`commlab.compress.native`'s kernel, which selects (positions and
   values, :func:`select_pairs_at_least`) and counts up to 16 thresholds in one read, when it
-  could be built; numpy's passes otherwise.
+  could be built; numpy's passes otherwise;
+* on a GPU, for float32: :mod:`commlab.compress.triton_select`'s kernels, which select in about
+  one read and count up to 16 thresholds in one, when Triton can be imported (it comes with
+  PyTorch's CUDA builds); ``COMMLAB_TRITON=0`` keeps torch's passes (same result).
 
 A selection is then: a mask, a compaction and, only when its count misses, one multi-threshold
 count and a second compaction. Thresholds are Python floats compared in the tensor's dtype (the
@@ -35,8 +38,11 @@ reaches the update instead of hiding in a residual. Example::
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import struct
+import warnings
 from contextlib import contextmanager
 
 import numpy as np
@@ -105,6 +111,12 @@ class Scratch:
         self._values: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
         self.native = Buffers()  # the CPU kernel's work space
+        self.selected: int | None = None  # the last selection's count (the GPU kernel's room for the next)
+
+    def room(self) -> int | None:
+        """How many entries the next selection makes room for before its count is read: twice
+        the last count (a selector's counts drift slowly), None before the first."""
+        return None if self.selected is None else 2 * self.selected + 1024
 
     def buffers(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A values buffer like ``x`` and a boolean buffer of its length."""
@@ -115,22 +127,68 @@ class Scratch:
         return self._values, self._mask
 
 
-_NUMPY_ON_CPU = [True]  # the CPU's own kernels for masks, counts and compactions
+_OWN_KERNELS = [True]  # the device's own kernels (numpy and C on the CPU, Triton on a GPU)
 
 
 @contextmanager
 def portable_passes():
-    """Inside the block the CPU runs the passes a GPU runs (torch calls only), so that a
-    :class:`commlab.bench.opcount.TrafficCounter`, which sees torch calls, measures their bytes."""
-    _NUMPY_ON_CPU.append(False)
+    """Inside the block every device runs torch's passes (torch calls only, no kernel of our
+    own), so that a :class:`commlab.bench.opcount.TrafficCounter`, which sees torch calls,
+    measures their bytes, and a test can compare the kernels with them."""
+    _OWN_KERNELS.append(False)
     try:
         yield
     finally:
-        _NUMPY_ON_CPU.pop()
+        _OWN_KERNELS.pop()
 
 
 def _numpy(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and _NUMPY_ON_CPU[-1]
+    return t.device.type == "cpu" and _OWN_KERNELS[-1]
+
+
+@functools.cache
+def _triton_module():
+    """:mod:`commlab.compress.triton_select`, or None without Triton or with ``COMMLAB_TRITON=0``."""
+    if os.environ.get("COMMLAB_TRITON", "1") == "0":
+        return None
+    try:
+        from commlab.compress import triton_select
+    except ImportError:
+        return None
+    return triton_select
+
+
+_TRITON_WORKED: set[str] = set()  # the kernels' entry points that ran once
+_TRITON_BROKEN: set[str] = set()  # those whose first use failed: torch's passes instead
+
+
+def _gpu_kernels(t: torch.Tensor):
+    """The Triton kernels for CUDA float32 ``t`` (None: torch's passes)."""
+    if not (t.is_cuda and _OWN_KERNELS[-1]):
+        return None
+    module = _triton_module()
+    return module if module is not None and module.supports(t) else None
+
+
+def _on_gpu(call, *args):
+    """``call(*args)`` on the Triton kernels (None: use torch's passes). Should an entry point's
+    first use fail (a Triton that cannot compile it here), one warning says so and torch's passes
+    take over for it; after a use that worked, errors are errors."""
+    name = call.__name__
+    if name in _TRITON_BROKEN:
+        return None
+    try:
+        out = call(*args)
+    except Exception as err:  # noqa: BLE001 - only before this entry point ever worked
+        if name in _TRITON_WORKED:
+            raise
+        _TRITON_BROKEN.add(name)
+        warnings.warn(f"commlab: the Triton kernel {name} failed ({type(err).__name__}: "
+                      f"{str(err).splitlines()[0] if str(err) else ''}); selections use torch's passes "
+                      f"(same result, slower). COMMLAB_TRITON=0 silences this.", RuntimeWarning, stacklevel=3)
+        return None
+    _TRITON_WORKED.add(name)
+    return out
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
@@ -186,6 +244,14 @@ def select_pairs_at_least(x: torch.Tensor, t: float, scratch: Scratch | None = N
 
 
 def _select(flat: torch.Tensor, t: float, scratch: Scratch | None, values: bool):
+    gpu = _gpu_kernels(flat)
+    if gpu is not None:
+        bits = to_bits(max(in_dtype(t, flat.dtype), _tiny(flat.dtype)), flat.dtype)
+        out = _on_gpu(gpu.select, flat, bits, values, scratch.room() if scratch is not None else None)
+        if out is not None:
+            if scratch is not None:
+                scratch.selected = out[0].numel()
+            return out if values else out[0]
     if _numpy(flat) and Kernel.supports(flat):
         native = kernel()
         if native is not None:
@@ -193,6 +259,42 @@ def _select(flat: torch.Tensor, t: float, scratch: Scratch | None, values: bool)
             return native.select(flat, t, scratch.native if scratch is not None else None, values=values)
     idx = compact(at_least(flat, t, scratch))
     return (idx, flat[idx]) if values else idx
+
+
+def select_pairs_counting(x: torch.Tensor, t: float, thresholds: list[float], scratch: Scratch | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor, list[int] | None]:
+    """:func:`select_pairs_at_least`, and how many of the selected entries pass each of
+    ``thresholds`` (a guard's raised candidates). On a GPU the selection's kernel counts them as
+    it writes the entries, and they are read with its count: no further pass over anything and no
+    further host read. Elsewhere the counts are None: a caller that needs them counts among the
+    values (:func:`counts_at_least`), which on the CPU is cheap."""
+    flat = x.reshape(-1)
+    gpu = _gpu_kernels(flat)
+    if gpu is not None and 0 < len(thresholds) <= gpu.MAX_GUARDS:
+        tiny = _tiny(flat.dtype)
+        bits = to_bits(max(in_dtype(t, flat.dtype), tiny), flat.dtype)
+        guards = [to_bits(max(in_dtype(u, flat.dtype), tiny), flat.dtype) for u in thresholds]
+        out = _on_gpu(gpu.select_counting, flat, bits, guards, scratch.room() if scratch is not None else None)
+        if out is not None:
+            if scratch is not None:
+                scratch.selected = out[0].numel()
+            return out
+    idx, vals = _select(flat, t, scratch, values=True)
+    return idx, vals, None
+
+
+def keep_at_least(idx: torch.Tensor, vals: torch.Tensor, t: float, count: int | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pairs of a selection whose values have |value| >= t (a raised threshold keeps a subset:
+    no pass over the tensor). ``count``, how many they are when known, spares a GPU its host read."""
+    gpu = _gpu_kernels(vals) if count is not None else None
+    if gpu is not None:
+        bits = to_bits(max(in_dtype(t, vals.dtype), _tiny(vals.dtype)), vals.dtype)
+        out = _on_gpu(gpu.select, vals, bits, True, None, count)
+        if out is not None:
+            return idx.index_select(0, out[0]), out[1]
+    keep, kept = select_pairs_at_least(vals, t)
+    return idx.index_select(0, keep), kept
 
 
 def select_above(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
@@ -249,7 +351,7 @@ def counts_at_least(x: torch.Tensor, thresholds: list[float], among: torch.Tenso
     dtype = flat.dtype
     rounded = [max(in_dtype(t, dtype), _tiny(dtype)) for t in thresholds]
     ts = sorted(set(rounded))
-    per = _counts_cpu(flat, ts) if _numpy(flat) else _counts_bucketize(flat, ts).tolist()
+    per = _counts_cpu(flat, ts) if _numpy(flat) else _counts_gpu(flat, ts)
     at = dict(zip(ts, per, strict=True))
     return [at[t] for t in rounded]
 
@@ -278,6 +380,17 @@ def _counts_cpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
             count = work.size - int(np.searchsorted(work, t, side="left"))
         out.append(count)
     return out
+
+
+def _counts_gpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
+    """Counts of |x| >= t for ascending ``ts`` off the CPU: the Triton kernel's one pass for up to
+    16 thresholds of a CUDA float32 tensor, else one bucketize pass."""
+    gpu = _gpu_kernels(flat) if len(ts) <= NATIVE_COUNT_THRESHOLDS else None
+    if gpu is not None:
+        out = _on_gpu(gpu.count, flat, [to_bits(t, flat.dtype) for t in ts])
+        if out is not None:
+            return out
+    return _counts_bucketize(flat, ts).tolist()
 
 
 def _counts_bucketize(flat: torch.Tensor, ts: list[float]) -> torch.Tensor:

@@ -38,7 +38,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from commlab.compress.scan import Scratch, counts_at_least, select_pairs_at_least
+from commlab.compress.scan import (
+    Scratch,
+    counts_at_least,
+    keep_at_least,
+    select_pairs_at_least,
+    select_pairs_counting,
+)
 from commlab.registry import SELECTORS
 
 
@@ -186,12 +192,16 @@ class ThresholdEstimator:
         if self.due(step):
             idx, vals = select_pairs_at_least(x, self.set_exact(kth_magnitude(x, k, self.value)), self.scratch)
         else:
-            idx, vals = select_pairs_at_least(x, self.value, self.scratch)
-            thr = self._guard(vals, k)
-            if thr is not None:  # a raise keeps a subset of the selection: no second pass over x
-                self.value = thr
-                keep, vals = select_pairs_at_least(vals, thr)
-                idx = idx.index_select(0, keep)
+            o = self.options
+            raises = raised(self.value, o.guard_scale, o.guard_loops) if o.guard_loops and self.value > 0 else []
+            # on a GPU the raises are counted by the selection itself, read with its count
+            idx, vals, counts = select_pairs_counting(x, self.value, raises, self.scratch)
+            if raises and idx.numel() > o.guard_factor * k:  # the guard (:meth:`_guard`)
+                counts = counts if counts is not None else counts_at_least(vals, raises)
+                j = first_within(counts, lambda c: c <= o.guard_factor * k)
+                self.value = raises[j]
+                # a raise keeps a subset of the selection: no second pass over x
+                idx, vals = keep_at_least(idx, vals, self.value, counts[j])
         self.observe(idx.numel(), k)
         return idx, vals
 
