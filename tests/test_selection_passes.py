@@ -123,10 +123,10 @@ def test_a_gpu_kernel_failing_on_first_use_warns_once_then_torch_passes_take_ove
     its errors (out of memory, say) are errors."""
     import warnings
 
-    from commlab.compress import scan
+    from commlab.compress import gpu_kernels
 
-    monkeypatch.setattr(scan, "_TRITON_WORKED", set())
-    monkeypatch.setattr(scan, "_TRITON_BROKEN", set())
+    monkeypatch.setattr(gpu_kernels, "WORKED", set())
+    monkeypatch.setattr(gpu_kernels, "BROKEN", set())
 
     def broken(x):
         raise RuntimeError("PTX assembly failed")
@@ -135,11 +135,11 @@ def test_a_gpu_kernel_failing_on_first_use_warns_once_then_torch_passes_take_ove
         return 2 * x
 
     with pytest.warns(RuntimeWarning, match="kernel broken failed .*PTX assembly failed.*COMMLAB_TRITON=0"):
-        assert scan._on_gpu(broken, 1) is None
+        assert gpu_kernels.run(broken, 1) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no second warning, and no second try
-        assert scan._on_gpu(broken, 1) is None
-    assert scan._on_gpu(fine, 3) == 6
+        assert gpu_kernels.run(broken, 1) is None
+    assert gpu_kernels.run(fine, 3) == 6
 
     state = {"fail": False}
 
@@ -148,19 +148,19 @@ def test_a_gpu_kernel_failing_on_first_use_warns_once_then_torch_passes_take_ove
             raise RuntimeError("CUDA out of memory")
         return x
 
-    assert scan._on_gpu(flaky, 1) == 1
+    assert gpu_kernels.run(flaky, 1) == 1
     state["fail"] = True
     with pytest.raises(RuntimeError, match="out of memory"):
-        scan._on_gpu(flaky, 1)
+        gpu_kernels.run(flaky, 1)
 
 
 def test_the_gpu_kernels_are_for_cuda_float32_only_and_can_be_turned_off(monkeypatch):
-    from commlab.compress import scan
+    from commlab.compress import gpu_kernels, scan
 
     assert scan._gpu_kernels(torch.ones(3)) is None  # the CPU has its own
     monkeypatch.setenv("COMMLAB_TRITON", "0")
-    scan._triton_module.cache_clear()
+    gpu_kernels.module.cache_clear()
     try:
-        assert scan._triton_module() is None
+        assert gpu_kernels.module() is None
     finally:
-        scan._triton_module.cache_clear()
+        gpu_kernels.module.cache_clear()

@@ -38,16 +38,14 @@ reaches the update instead of hiding in a residual. Example::
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 import struct
-import warnings
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
+from commlab.compress import gpu_kernels
 from commlab.compress.native import Buffers, Kernel, kernel
 
 # Float formats by their bit patterns, in plain Python: thresholds are host numbers, and host
@@ -146,49 +144,10 @@ def _numpy(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and _OWN_KERNELS[-1]
 
 
-@functools.cache
-def _triton_module():
-    """:mod:`commlab.compress.triton_select`, or None without Triton or with ``COMMLAB_TRITON=0``."""
-    if os.environ.get("COMMLAB_TRITON", "1") == "0":
-        return None
-    try:
-        from commlab.compress import triton_select
-    except ImportError:
-        return None
-    return triton_select
-
-
-_TRITON_WORKED: set[str] = set()  # the kernels' entry points that ran once
-_TRITON_BROKEN: set[str] = set()  # those whose first use failed: torch's passes instead
-
-
 def _gpu_kernels(t: torch.Tensor):
-    """The Triton kernels for CUDA float32 ``t`` (None: torch's passes)."""
-    if not (t.is_cuda and _OWN_KERNELS[-1]):
-        return None
-    module = _triton_module()
-    return module if module is not None and module.supports(t) else None
-
-
-def _on_gpu(call, *args):
-    """``call(*args)`` on the Triton kernels (None: use torch's passes). Should an entry point's
-    first use fail (a Triton that cannot compile it here), one warning says so and torch's passes
-    take over for it; after a use that worked, errors are errors."""
-    name = call.__name__
-    if name in _TRITON_BROKEN:
-        return None
-    try:
-        out = call(*args)
-    except Exception as err:  # noqa: BLE001 - only before this entry point ever worked
-        if name in _TRITON_WORKED:
-            raise
-        _TRITON_BROKEN.add(name)
-        warnings.warn(f"commlab: the Triton kernel {name} failed ({type(err).__name__}: "
-                      f"{str(err).splitlines()[0] if str(err) else ''}); selections use torch's passes "
-                      f"(same result, slower). COMMLAB_TRITON=0 silences this.", RuntimeWarning, stacklevel=3)
-        return None
-    _TRITON_WORKED.add(name)
-    return out
+    """The Triton kernels for CUDA float32 ``t`` (None: torch's passes, also inside
+    :func:`portable_passes`)."""
+    return gpu_kernels.kernels_for(t) if _OWN_KERNELS[-1] else None
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
@@ -247,7 +206,7 @@ def _select(flat: torch.Tensor, t: float, scratch: Scratch | None, values: bool)
     gpu = _gpu_kernels(flat)
     if gpu is not None:
         bits = to_bits(max(in_dtype(t, flat.dtype), _tiny(flat.dtype)), flat.dtype)
-        out = _on_gpu(gpu.select, flat, bits, values, scratch.room() if scratch is not None else None)
+        out = gpu_kernels.run(gpu.select, flat, bits, values, scratch.room() if scratch is not None else None)
         if out is not None:
             if scratch is not None:
                 scratch.selected = out[0].numel()
@@ -274,7 +233,7 @@ def select_pairs_counting(x: torch.Tensor, t: float, thresholds: list[float], sc
         tiny = _tiny(flat.dtype)
         bits = to_bits(max(in_dtype(t, flat.dtype), tiny), flat.dtype)
         guards = [to_bits(max(in_dtype(u, flat.dtype), tiny), flat.dtype) for u in thresholds]
-        out = _on_gpu(gpu.select_counting, flat, bits, guards, scratch.room() if scratch is not None else None)
+        out = gpu_kernels.run(gpu.select_counting, flat, bits, guards, scratch.room() if scratch is not None else None)
         if out is not None:
             if scratch is not None:
                 scratch.selected = out[0].numel()
@@ -290,7 +249,7 @@ def keep_at_least(idx: torch.Tensor, vals: torch.Tensor, t: float, count: int | 
     gpu = _gpu_kernels(vals) if count is not None else None
     if gpu is not None:
         bits = to_bits(max(in_dtype(t, vals.dtype), _tiny(vals.dtype)), vals.dtype)
-        out = _on_gpu(gpu.select, vals, bits, True, None, count)
+        out = gpu_kernels.run(gpu.select, vals, bits, True, None, count)
         if out is not None:
             return idx.index_select(0, out[0]), out[1]
     keep, kept = select_pairs_at_least(vals, t)
@@ -387,7 +346,7 @@ def _counts_gpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
     16 thresholds of a CUDA float32 tensor, else one bucketize pass."""
     gpu = _gpu_kernels(flat) if len(ts) <= NATIVE_COUNT_THRESHOLDS else None
     if gpu is not None:
-        out = _on_gpu(gpu.count, flat, [to_bits(t, flat.dtype) for t in ts])
+        out = gpu_kernels.run(gpu.count, flat, [to_bits(t, flat.dtype) for t in ts])
         if out is not None:
             return out
     return _counts_bucketize(flat, ts).tolist()
