@@ -77,8 +77,16 @@ def special_values(n: int, seed: int) -> torch.Tensor:
     return x
 
 
+@pytest.fixture
+def kernels_at_any_size(monkeypatch):
+    """The Triton kernels for selections of any size (by default only from 8M entries up)."""
+    from commlab.compress import gpu_kernels
+
+    monkeypatch.setattr(gpu_kernels, "MIN_ELEMENTS", 0)
+
+
 @pytest.mark.parametrize("n", [0, 1, 33, 2047, 2048, 2049, 1_000_003])
-def test_the_triton_kernels_select_and_count_as_torch_passes_do(n):
+def test_the_triton_kernels_select_and_count_as_torch_passes_do(n, kernels_at_any_size):
     """scan's selection and counts on CUDA float32 (the Triton kernels when Triton is there)
     against torch's passes on the same tensor (``portable_passes``), bit for bit, with room made
     in advance too small, right and too large."""
@@ -101,21 +109,31 @@ def test_the_triton_kernels_select_and_count_as_torch_passes_do(n):
 
 
 def test_the_triton_kernels_are_used_on_cuda_float32():
-    """With Triton importable (PyTorch's CUDA builds bring it), CUDA float32 selection runs its
-    kernels, not torch's passes: the selection launches no nonzero."""
+    """With Triton importable (PyTorch's CUDA builds bring it), a CUDA float32 selection of 8M
+    entries or more runs its kernels, a smaller one torch's passes (fewer launches), and a count
+    its kernel at any size."""
     pytest.importorskip("triton")
-    from commlab.compress import scan
+    from commlab.compress import gpu_kernels, scan
 
-    assert scan._gpu_kernels(torch.ones(4, device="cuda")) is not None
+    large = torch.ones(gpu_kernels.MIN_ELEMENTS, device="cuda")
+    assert scan._gpu_kernels(large) is not None
+    assert scan._gpu_kernels(large[:-1]) is None
+    assert scan._gpu_kernels(large[:4], min_elements=0) is not None
     with scan.portable_passes():
-        assert scan._gpu_kernels(torch.ones(4, device="cuda")) is None
-    assert scan._gpu_kernels(torch.ones(4, device="cuda", dtype=torch.bfloat16)) is None
+        assert scan._gpu_kernels(large) is None
+    assert scan._gpu_kernels(large.bfloat16()) is None
 
 
-def test_threshold_estimation_on_a_drifting_stream_selects_on_cuda_what_it_selects_on_the_cpu():
+@pytest.mark.parametrize("any_size", [True, False])
+def test_threshold_estimation_on_a_drifting_stream_selects_on_cuda_what_it_selects_on_the_cpu(any_size, monkeypatch):
     """Step by step, the same entries and the same threshold on CUDA as on the CPU: the exact
     first step, reused thresholds, the nudges, and the guard's raises, which on CUDA the selection
-    kernel counts as it writes the entries and keeps with the count known (no further read)."""
+    kernel counts as it writes the entries and keeps with the count known (no further read); on
+    torch's passes too (this tensor is below the kernels' size)."""
+    from commlab.compress import gpu_kernels
+
+    if any_size:
+        monkeypatch.setattr(gpu_kernels, "MIN_ELEMENTS", 0)
     g = torch.Generator().manual_seed(5)
     x = heavy_tailed(300_000, seed=5)
     on_cpu, on_gpu = SELECTORS.get("threshold_estimation")(), SELECTORS.get("threshold_estimation")()
@@ -130,7 +148,7 @@ def test_threshold_estimation_on_a_drifting_stream_selects_on_cuda_what_it_selec
     assert raises >= 2
 
 
-def test_a_selection_counts_a_guards_thresholds_on_cuda_as_torch_passes_do():
+def test_a_selection_counts_a_guards_thresholds_on_cuda_as_torch_passes_do(kernels_at_any_size):
     from commlab.compress import scan
 
     x = special_values(1_000_003, seed=2).cuda()

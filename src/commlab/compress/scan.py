@@ -144,10 +144,10 @@ def _numpy(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and _OWN_KERNELS[-1]
 
 
-def _gpu_kernels(t: torch.Tensor):
+def _gpu_kernels(t: torch.Tensor, min_elements: int | None = None):
     """The Triton kernels for CUDA float32 ``t`` (None: torch's passes, also inside
-    :func:`portable_passes`)."""
-    return gpu_kernels.kernels_for(t) if _OWN_KERNELS[-1] else None
+    :func:`portable_passes`); a selection's from :data:`gpu_kernels.MIN_ELEMENTS` entries up."""
+    return gpu_kernels.kernels_for(t, min_elements) if _OWN_KERNELS[-1] else None
 
 
 def _array(t: torch.Tensor) -> np.ndarray:
@@ -344,7 +344,7 @@ def _counts_cpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
 def _counts_gpu(flat: torch.Tensor, ts: list[float]) -> list[int]:
     """Counts of |x| >= t for ascending ``ts`` off the CPU: the Triton kernel's one pass for up to
     16 thresholds of a CUDA float32 tensor, else one bucketize pass."""
-    gpu = _gpu_kernels(flat) if len(ts) <= NATIVE_COUNT_THRESHOLDS else None
+    gpu = _gpu_kernels(flat, min_elements=0) if len(ts) <= NATIVE_COUNT_THRESHOLDS else None
     if gpu is not None:
         out = gpu_kernels.run(gpu.count, flat, [to_bits(t, flat.dtype) for t in ts])
         if out is not None:
