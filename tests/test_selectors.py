@@ -72,10 +72,14 @@ def test_guard_raises_a_reused_threshold_while_too_many_pass():
     k = 100
     est.set_exact(kth_largest(x, k))
     start = est.value
-    thr = est.guarded(0 * x + x * 4, k)           # every entry 4x larger: the guard runs out of loops
-    assert thr == pytest.approx(start * 1.03**5)
+    larger = x * 4                                 # every entry 4x larger: the guard runs out of loops
+    idx, vals = est.select_pairs(larger, k, step=1)
+    raised = start * 1.03**5
+    assert torch.equal(idx, torch.nonzero(larger >= raised).view(-1)) and torch.equal(vals, larger[idx])
+    assert est.value == pytest.approx(raised * 1.012)  # then nudged up: still more than 1.25k pass
     est.set_exact(start)
-    assert est.guarded(x, k) == start              # k pass: no raise
+    idx, _ = est.select_pairs(x, k, step=1)          # k pass: no raise, no nudge
+    assert idx.numel() == k and est.value == start
 
 
 def test_density_one_selects_every_nonzero():

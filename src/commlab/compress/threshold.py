@@ -153,32 +153,6 @@ class ThresholdEstimator:
         self.exact_computations += 1
         return self.value
 
-    def _guard(self, passing: torch.Tensor, k: int) -> float | None:
-        """The raised threshold when the values ``passing`` the reused one are more than
-        guard_factor*k (None: no raise): each raise by guard_scale, at most guard_loops, stopping
-        at the first that lets at most guard_factor*k pass; all counted among ``passing`` (every
-        raise keeps fewer), with no pass over x."""
-        o, thr = self.options, self.value
-        if not o.guard_loops or thr <= 0 or passing.numel() <= o.guard_factor * k:
-            return None
-        candidates = raised(thr, o.guard_scale, o.guard_loops)
-        counts = counts_at_least(passing, candidates)
-        return candidates[first_within(counts, lambda c: c <= o.guard_factor * k)]
-
-    def guarded(self, magnitudes: torch.Tensor, k: int) -> float:
-        """The reused threshold, raised while more than guard_factor*k entries would pass."""
-        thr = self.value
-        if thr > 0:
-            thr = self._guard(select_pairs_at_least(magnitudes, thr)[1], k) or thr
-        self.value = thr
-        return thr
-
-    def threshold(self, magnitudes: torch.Tensor, k: int, step: int) -> float:
-        """The threshold to select with at ``step``: exact k-th largest when due, else guarded."""
-        if self.due(step):
-            return self.set_exact(kth_largest(magnitudes, k))
-        return self.guarded(magnitudes, k)
-
     def select(self, x: torch.Tensor, k: int, step: int) -> torch.Tensor:
         """Sorted int64 indices of flat ``x`` selected at ``step`` (exact or guarded threshold,
         |x| >= threshold), then nudged."""
@@ -196,7 +170,9 @@ class ThresholdEstimator:
             raises = raised(self.value, o.guard_scale, o.guard_loops) if o.guard_loops and self.value > 0 else []
             # on a GPU the raises are counted by the selection itself, read with its count
             idx, vals, counts = select_pairs_counting(x, self.value, raises, self.scratch)
-            if raises and idx.numel() > o.guard_factor * k:  # the guard (:meth:`_guard`)
+            if raises and idx.numel() > o.guard_factor * k:
+                # the guard: the first raise that lets at most guard_factor*k pass (else the last),
+                # counted among the selected entries (every raise keeps fewer): no pass over x
                 counts = counts if counts is not None else counts_at_least(vals, raises)
                 j = first_within(counts, lambda c: c <= o.guard_factor * k)
                 self.value = raises[j]
