@@ -100,6 +100,17 @@ def _tiny(dtype: torch.dtype) -> float:
     return from_bits(1, dtype)
 
 
+def compared(t: float, dtype: torch.dtype) -> float:
+    """``t`` as a selection compares it: rounded to ``dtype``, and at least its smallest positive
+    value (so that zeros never pass)."""
+    return max(in_dtype(t, dtype), _tiny(dtype))
+
+
+def _pattern(t: float, dtype: torch.dtype) -> int:
+    """The bit pattern of :func:`compared` ``t``: what the GPU kernels compare magnitudes against."""
+    return to_bits(compared(t, dtype), dtype)
+
+
 class Scratch:
     """Buffers a selector reuses from call to call for its masks (a fresh multi-megabyte tensor
     per call costs page faults on the CPU and allocator traffic on a GPU). A mask made in them
@@ -161,7 +172,7 @@ def at_least(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch
     in ``scratch``'s buffers when given. On a GPU one comparison of x against t and -t with no
     |x| buffer; on the CPU numpy's comparison of |x| (its kernels are several times faster there
     than torch's)."""
-    t = max(in_dtype(t, x.dtype), _tiny(x.dtype))
+    t = compared(t, x.dtype)
     values, mask = scratch.buffers(x) if scratch is not None else (torch.empty_like(x), None)
     mask = torch.empty(x.shape, dtype=torch.bool, device=x.device) if mask is None else mask
     if _numpy(x) and x.dtype != torch.bfloat16:
@@ -205,7 +216,7 @@ def select_pairs_at_least(x: torch.Tensor, t: float, scratch: Scratch | None = N
 def _select(flat: torch.Tensor, t: float, scratch: Scratch | None, values: bool):
     gpu = _gpu_kernels(flat)
     if gpu is not None:
-        bits = to_bits(max(in_dtype(t, flat.dtype), _tiny(flat.dtype)), flat.dtype)
+        bits = _pattern(t, flat.dtype)
         out = gpu_kernels.run(gpu.select, flat, bits, values, scratch.room() if scratch is not None else None)
         if out is not None:
             if scratch is not None:
@@ -214,7 +225,7 @@ def _select(flat: torch.Tensor, t: float, scratch: Scratch | None, values: bool)
     if _numpy(flat) and Kernel.supports(flat):
         native = kernel()
         if native is not None:
-            t = max(in_dtype(t, flat.dtype), _tiny(flat.dtype))
+            t = compared(t, flat.dtype)
             return native.select(flat, t, scratch.native if scratch is not None else None, values=values)
     idx = compact(at_least(flat, t, scratch))
     return (idx, flat[idx]) if values else idx
@@ -230,9 +241,8 @@ def select_pairs_counting(x: torch.Tensor, t: float, thresholds: list[float], sc
     flat = x.reshape(-1)
     gpu = _gpu_kernels(flat)
     if gpu is not None and 0 < len(thresholds) <= gpu.MAX_GUARDS:
-        tiny = _tiny(flat.dtype)
-        bits = to_bits(max(in_dtype(t, flat.dtype), tiny), flat.dtype)
-        guards = [to_bits(max(in_dtype(u, flat.dtype), tiny), flat.dtype) for u in thresholds]
+        bits = _pattern(t, flat.dtype)
+        guards = [_pattern(u, flat.dtype) for u in thresholds]
         out = gpu_kernels.run(gpu.select_counting, flat, bits, guards, scratch.room() if scratch is not None else None)
         if out is not None:
             if scratch is not None:
@@ -248,7 +258,7 @@ def keep_at_least(idx: torch.Tensor, vals: torch.Tensor, t: float, count: int | 
     no pass over the tensor). ``count``, how many they are when known, spares a GPU its host read."""
     gpu = _gpu_kernels(vals) if count is not None else None
     if gpu is not None:
-        bits = to_bits(max(in_dtype(t, vals.dtype), _tiny(vals.dtype)), vals.dtype)
+        bits = _pattern(t, vals.dtype)
         out = gpu_kernels.run(gpu.select, vals, bits, True, None, count)
         if out is not None:
             return idx.index_select(0, out[0]), out[1]
@@ -308,7 +318,7 @@ def counts_at_least(x: torch.Tensor, thresholds: list[float], among: torch.Tenso
     if among is not None:
         flat = flat[among]
     dtype = flat.dtype
-    rounded = [max(in_dtype(t, dtype), _tiny(dtype)) for t in thresholds]
+    rounded = [compared(t, dtype) for t in thresholds]
     ts = sorted(set(rounded))
     per = _counts_cpu(flat, ts) if _numpy(flat) else _counts_gpu(flat, ts)
     at = dict(zip(ts, per, strict=True))

@@ -222,6 +222,8 @@ def count(x: torch.Tensor, tbits: list[int], block: int = COUNT_BLOCK, warps: in
 
 
 def _on_device(tbits: list[int], x: torch.Tensor) -> torch.Tensor:
-    """The patterns on x's device without making the host wait (pinned, asynchronous copy)."""
+    """The patterns on x's device without making the host wait (pinned, asynchronous copy), as
+    ``scan.host_values`` does: importing scan here would close an import cycle (scan dispatches
+    to this module)."""
     host = torch.tensor(tbits, dtype=torch.int32)  # host-side: staged for the device
     return host.pin_memory().to(x.device, non_blocking=True) if x.is_cuda else host
