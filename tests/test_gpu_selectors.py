@@ -148,7 +148,7 @@ def test_threshold_estimation_on_a_drifting_stream_selects_on_cuda_what_it_selec
     assert raises >= 2
 
 
-def test_a_selection_counts_a_guards_thresholds_on_cuda_as_torch_passes_do(kernels_at_any_size):
+def test_a_guarded_selection_counts_its_raises_on_cuda_as_torch_passes_do(kernels_at_any_size):
     from commlab.compress import scan
 
     x = special_values(1_000_003, seed=2).cuda()
@@ -157,14 +157,16 @@ def test_a_selection_counts_a_guards_thresholds_on_cuda_as_torch_passes_do(kerne
         with scan.portable_passes():
             want_idx, want_vals = scan.select_pairs_at_least(x, t)
             want_counts = scan.counts_at_least(x, raises)
-        for selected in (None, 0, 10 * want_idx.numel()):
+        assert want_counts[0] > want_counts[1]  # so that a limit between them picks the second raise
+        for selected in (None, 0, 10 * want_idx.numel()):  # room unknown, too small, larger than needed
             scratch = scan.Scratch()
             scratch.selected = selected
-            idx, vals, counts = scan.select_pairs_counting(x, t, raises, scratch)
-            assert torch.equal(idx, want_idx) and torch.equal(vals.view(torch.int32), want_vals.view(torch.int32))
-            assert counts == want_counts, (t, selected)
-        for j in (0, 4):
-            kept_idx, kept_vals = scan.keep_at_least(idx, vals, raises[j], counts[j])
+            idx, vals, j = scan.select_pairs_guarded(x, t, raises, 10**12, scratch)  # within the limit
+            assert j is None and torch.equal(idx, want_idx)
+            assert torch.equal(vals.view(torch.int32), want_vals.view(torch.int32)), (t, selected)
+        for limit, want_j in ((want_counts[1], 1), (0, 4)):  # the first raise within; none is: the last
+            idx, vals, j = scan.select_pairs_guarded(x, t, raises, limit, scan.Scratch())
+            assert j == want_j and vals.numel() == want_counts[j], (t, limit)
             with scan.portable_passes():
-                assert torch.equal(kept_idx, scan.select_at_least(x, raises[j]))
-            assert kept_vals.numel() == counts[j]
+                assert torch.equal(idx, scan.select_at_least(x, raises[j]))
+                assert scan.select_pairs_guarded(x, t, raises, limit)[2] == j

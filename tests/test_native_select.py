@@ -71,8 +71,9 @@ def test_same_positions_as_numpy(kernels, n, threads):
     x = awkward(n, seed=n + threads)
     finite = x[torch.isfinite(x)].abs()
     tie = float(finite.max()) if finite.numel() else 1.0  # an entry equal to t passes
-    # 0.9 and 1.4 leave 64-entry words both sparse (peeled bit by bit) and dense (packed) in one x
-    for t in (1e-45, 0.5, 0.9, 1.4, 2.5, tie, math.inf):
+    # 1.86 keeps about 1 in 16, where the AVX-512 kernel switches between packing the values
+    # and loading them (blocks of 1024 entries on either side of its limit in one x)
+    for t in (1e-45, 0.5, 0.9, 1.4, 1.86, 2.5, tie, math.inf):
         want = reference(x, t)
         for name, k in kernels.items():
             got = k.select(x, t, threads=threads)
@@ -168,3 +169,78 @@ def test_counts_at_least_same_with_and_without_the_kernel(monkeypatch):
         assert (counts_at_least(x, few), counts_at_least(x, many)) == fast
     finally:
         native.kernel.cache_clear()
+
+
+def guard_rule(total: int, counts: list[int], limit: float) -> int | None:
+    """The guard, written out: over the limit, the first raise within it, else the last."""
+    if total <= limit:
+        return None
+    return next((j for j, c in enumerate(counts[:-1]) if c <= limit), len(counts) - 1)
+
+
+@pytest.mark.parametrize("n", [0, 17, 100_003, 2_100_017])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("t", [1.0, 2.5])  # values packed, values loaded (AVX-512)
+def test_guarded_selection_keeps_what_numpy_would(kernels, n, threads, t):
+    x = awkward(n, seed=7 * n + threads)
+    guards = [t * 1.03**j for j in range(1, 6)] + [math.inf]
+    a = np.abs(x.numpy())
+    total = reference(x, t).size
+    counts = [int(np.count_nonzero(~(a < np.float32(u)))) for u in guards]
+    # no guard needed; each raise the first within; none within (the last, inf: nothing kept)
+    for limit in [math.inf, total, *counts[:5], -1]:
+        want = guard_rule(total, counts, limit)
+        kept = reference(x, t if want is None else guards[want])
+        for name, k in kernels.items():
+            for buf in (None, Buffers()):  # room before a first count, and from the last count
+                for _ in range(2):
+                    idx, vals, j = k.select_guarded(x, t, guards, limit, buf, threads)
+                    assert j == want, (name, limit)
+                    np.testing.assert_array_equal(idx.numpy(), kept, err_msg=f"{name}, limit={limit}")
+                    np.testing.assert_array_equal(vals.numpy(), x.numpy()[kept])
+    with pytest.raises(ValueError, match="at most"):
+        next(iter(kernels.values())).select_guarded(x, t, [2.0] * 65, 10)
+
+
+def test_a_result_larger_than_the_room_is_gathered_whole(kernels):
+    x = awkward(300_001, seed=5)
+    for k in kernels.values():
+        buf = Buffers()
+        assert k.select(x, 3.0, buf).numel() == reference(x, 3.0).size  # a small count: little room next
+        assert buf.room(x.numel()) < reference(x, 0.5).size
+        idx, vals = k.select(x, 0.5, buf, values=True)  # far more than the room
+        np.testing.assert_array_equal(idx.numpy(), reference(x, 0.5))
+        np.testing.assert_array_equal(vals.numpy(), x.numpy()[reference(x, 0.5)])
+        limit = reference(x, 0.5 * 1.03).size  # a guard kept past the room
+        idx, vals, j = k.select_guarded(x, 0.1, [0.5, 0.5 * 1.03, 3.0], limit, Buffers())
+        assert j == 1
+        np.testing.assert_array_equal(idx.numpy(), reference(x, 0.5 * 1.03))
+        np.testing.assert_array_equal(vals.numpy(), x.numpy()[reference(x, 0.5 * 1.03)])
+
+
+def test_guarded_selection_same_with_and_without_the_kernel(monkeypatch):
+    from commlab.compress.scan import select_pairs_guarded
+
+    x = awkward(300_007, seed=11)
+    raises = [1.5 * 1.03**j for j in range(1, 6)]
+    count = [int(np.count_nonzero(~(np.abs(x.numpy()) < np.float32(u)))) for u in raises]
+    # under the limit; over it, the second raise the first within; none within (the last); no raises
+    cases = [(raises, 10**9), (raises, (count[0] + count[1]) // 2), (raises, 10), ([], 10)]
+
+    def run():
+        scratch = Scratch()
+        return [select_pairs_guarded(x, 1.5, r, limit, scratch) for r, limit in cases]
+
+    fast = run()
+    assert [j for _, _, j in fast] == [None, 1, 4, None]
+    monkeypatch.setenv("COMMLAB_NATIVE", "0")
+    native.kernel.cache_clear()
+    try:
+        slow = run()
+    finally:
+        native.kernel.cache_clear()
+    for (i1, v1, j1), (i2, v2, j2), (r, limit) in zip(fast, slow, cases, strict=True):
+        assert j1 == j2 and torch.equal(i1, i2) and torch.equal(v1.view(torch.int32), v2.view(torch.int32))
+        kept = r[j1] if j1 is not None else 1.5
+        np.testing.assert_array_equal(i1.numpy(), reference(x, kept))
+        assert j1 is None or i1.numel() <= limit or j1 == len(r) - 1

@@ -22,8 +22,7 @@ from statistics import NormalDist
 
 import torch
 
-from commlab.compress.scan import Scratch, compact, counts_above, select_above
-from commlab.compress.threshold import first_within
+from commlab.compress.scan import Scratch, compact, counts_above, first_within, select_above
 from commlab.registry import SELECTORS
 
 

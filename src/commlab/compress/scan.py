@@ -18,8 +18,9 @@ instead:
   so that a search over thresholds (a guard, a correction loop, RedSync's ratios) reads the
   tensor once per round instead of once per candidate, and the host reads one small vector.
 * on the CPU, for float32: :mod:`commlab.compress.native`'s kernel, which selects (positions and
-  values, :func:`select_pairs_at_least`) and counts up to 16 thresholds in one read, when it
-  could be built; numpy's passes otherwise;
+  values, :func:`select_pairs_at_least`; with a guard's raises counted and applied,
+  :func:`select_pairs_guarded`) in one read and one call, and counts up to 16 thresholds in one
+  read, when it could be built; numpy's passes otherwise;
 * on a GPU, for float32: :mod:`commlab.compress.triton_select`'s kernels, which select in about
   one read and count up to 16 thresholds in one, when Triton can be imported (it comes with
   PyTorch's CUDA builds); ``COMMLAB_TRITON=0`` keeps torch's passes (same result).
@@ -231,25 +232,51 @@ def _select(flat: torch.Tensor, t: float, scratch: Scratch | None, values: bool)
     return (idx, flat[idx]) if values else idx
 
 
-def select_pairs_counting(x: torch.Tensor, t: float, thresholds: list[float], scratch: Scratch | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor, list[int] | None]:
-    """:func:`select_pairs_at_least`, and how many of the selected entries pass each of
-    ``thresholds`` (a guard's raised candidates). On a GPU the selection's kernel counts them as
-    it writes the entries, and they are read with its count: no further pass over anything and no
-    further host read. Elsewhere the counts are None: a caller that needs them counts among the
-    values (:func:`counts_at_least`), which on the CPU is cheap."""
+def first_within(counts: list[int], ok) -> int:
+    """The first index whose count satisfies ``ok``, else the last index (a bounded search of
+    the candidates of a guard or correction loop: after its last step it stops unchecked)."""
+    return next((j for j, c in enumerate(counts[:-1]) if ok(c)), len(counts) - 1)
+
+
+def select_pairs_guarded(x: torch.Tensor, t: float, raises: list[float], limit: float,
+                         scratch: Scratch | None = None) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """:func:`select_pairs_at_least` at ``t``, guarded: when more than ``limit`` entries pass and
+    ``raises`` (ascending thresholds above t) are given, the pairs passing the first raise that
+    lets at most ``limit`` pass (the last one when none does). Returns (positions, values, the
+    index of the raise kept or None). A raise keeps a subset of the selection, counted among the
+    selected entries: no second pass over x. On the CPU and on a GPU the selection's own kernel
+    counts the raises as it selects, and the count is read with its total (no further host read
+    on a GPU; on the CPU the C side applies this rule itself and gathers the kept pairs in the
+    same call, which ``tests/test_native_select.py`` checks against the rule written out);
+    elsewhere they are counted among the selected values."""
     flat = x.reshape(-1)
+
+    def choose(total: int, counts: list[int]) -> int | None:
+        return first_within(counts, lambda c: c <= limit) if raises and total > limit else None
+
     gpu = _gpu_kernels(flat)
-    if gpu is not None and 0 < len(thresholds) <= gpu.MAX_GUARDS:
+    if gpu is not None and 0 < len(raises) <= gpu.MAX_GUARDS:
         bits = _pattern(t, flat.dtype)
-        guards = [_pattern(u, flat.dtype) for u in thresholds]
+        guards = [_pattern(u, flat.dtype) for u in raises]
         out = gpu_kernels.run(gpu.select_counting, flat, bits, guards, scratch.room() if scratch is not None else None)
         if out is not None:
+            idx, vals, counts = out
             if scratch is not None:
-                scratch.selected = out[0].numel()
-            return out
+                scratch.selected = idx.numel()
+            j = choose(idx.numel(), counts)
+            return (idx, vals, None) if j is None else (*keep_at_least(idx, vals, raises[j], counts[j]), j)
+    if raises and _numpy(flat) and Kernel.supports(flat) and len(raises) <= NATIVE_COUNT_THRESHOLDS:
+        native = kernel()
+        if native is not None:
+            guards = [compared(u, flat.dtype) for u in raises]
+            return native.select_guarded(flat, compared(t, flat.dtype), guards, limit,
+                                         scratch.native if scratch is not None else None)
     idx, vals = _select(flat, t, scratch, values=True)
-    return idx, vals, None
+    if not raises or idx.numel() <= limit:
+        return idx, vals, None
+    counts = counts_at_least(vals, raises)
+    j = choose(idx.numel(), counts)
+    return (*keep_at_least(idx, vals, raises[j], counts[j]), j)
 
 
 def keep_at_least(idx: torch.Tensor, vals: torch.Tensor, t: float, count: int | None = None

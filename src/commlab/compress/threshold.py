@@ -20,9 +20,9 @@ fewer than ``lower``·k pass, the exact threshold is computed at that step. Eith
 [lower·k, cap·k], and ties at an exact threshold are trimmed to the cap.
 
 A reused step costs one mask and one compaction (:mod:`commlab.compress.scan`: no |x| buffer,
-the count is the compaction's length, one host sync); a guard raise counts every raised
-threshold at once among the entries already selected and keeps those passing the raised one
-(no pass over the tensor). Selection keeps the entries with
+the count is the compaction's length, one host sync); the guard's raised thresholds are counted
+among the selected entries as they are selected, and a raise keeps the entries passing it (no
+second pass over the tensor: :func:`commlab.compress.scan.select_pairs_guarded`). Selection keeps the entries with
 |x| >= threshold and x != 0: at density 1 (threshold 0) that is
 every non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
 of candidates the exact threshold is 0 (everything non-zero passes).
@@ -41,9 +41,8 @@ import torch
 from commlab.compress.scan import (
     Scratch,
     counts_at_least,
-    keep_at_least,
     select_pairs_at_least,
-    select_pairs_counting,
+    select_pairs_guarded,
 )
 from commlab.registry import SELECTORS
 
@@ -113,12 +112,6 @@ def kth_magnitude(x: torch.Tensor, k: int, guess: float | None = None) -> float:
     return float(top_magnitudes(x, k, guess)[-1])
 
 
-def first_within(counts: list[int], ok) -> int:
-    """The first index whose count satisfies ``ok``, else the last index (a bounded search of
-    the candidates of a guard or correction loop: after its last step it stops unchecked)."""
-    return next((j for j, c in enumerate(counts[:-1]) if ok(c)), len(counts) - 1)
-
-
 def raised(threshold: float, scale: float, loops: int) -> list[float]:
     """The thresholds a guard loop tries after ``threshold``: multiplied by ``scale`` once, twice,
     ... ``loops`` times (the same float products as the loop)."""
@@ -133,8 +126,8 @@ class ThresholdEstimator:
     """One reused threshold: exact when due, guarded on reuse, nudged from every observed count.
 
     A reused step selects with one mask and one compaction (:mod:`commlab.compress.scan`), which
-    also gives the count; the guard, when that count is too high, counts all its raised
-    thresholds among the selected entries and keeps those that pass the raise."""
+    also gives the count and, among the selected entries, the counts of the guard's raised
+    thresholds; when the count is too high the guard keeps the entries that pass a raise."""
 
     def __init__(self, options: ThresholdOptions | None = None):
         self.options = options or ThresholdOptions()
@@ -168,16 +161,12 @@ class ThresholdEstimator:
         else:
             o = self.options
             raises = raised(self.value, o.guard_scale, o.guard_loops) if o.guard_loops and self.value > 0 else []
-            # on a GPU the raises are counted by the selection itself, read with its count
-            idx, vals, counts = select_pairs_counting(x, self.value, raises, self.scratch)
-            if raises and idx.numel() > o.guard_factor * k:
-                # the guard: the first raise that lets at most guard_factor*k pass (else the last),
-                # counted among the selected entries (every raise keeps fewer): no pass over x
-                counts = counts if counts is not None else counts_at_least(vals, raises)
-                j = first_within(counts, lambda c: c <= o.guard_factor * k)
+            # the guard: when more than guard_factor*k pass, the first raise that lets at most
+            # that many pass (else the last), counted among the selected entries by the same
+            # kernel that selects them (every raise keeps fewer): no second pass over x
+            idx, vals, j = select_pairs_guarded(x, self.value, raises, o.guard_factor * k, self.scratch)
+            if j is not None:
                 self.value = raises[j]
-                # a raise keeps a subset of the selection: no second pass over x
-                idx, vals = keep_at_least(idx, vals, self.value, counts[j])
         self.observe(idx.numel(), k)
         return idx, vals
 

@@ -5,7 +5,11 @@ No library kernel compares a float32 tensor against a threshold and compacts the
 pass in one pass: with numpy (or torch) that is |x|, a comparison, and a compaction, about 15
 bytes moved per element against 4 for one read. ``select.c`` does it in one read per element,
 vectorised (AVX-512 or AVX2, whichever the compiler's ``-march=native`` finds; a scalar loop
-otherwise), in chunks on torch's own OpenMP workers. It gives exactly the numpy passes' result:
+otherwise), in chunks on torch's own OpenMP workers, and in one call from Python: the pass, a
+guard's raised thresholds counted among the selected values and the raise applied
+(:meth:`Kernel.select_guarded`, Ok-Topk's guard), and the result written into room sized from
+the last count (Python between the pass and the result ran several times slower than usual
+right after a pass that had evicted the caches). It gives exactly the numpy passes' result:
 the ascending positions with !(|x| < t), so NaN passes and, with t >= the smallest positive
 float, zeros never do.
 
@@ -35,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -49,6 +54,7 @@ SOURCE = Path(__file__).with_name("select.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-pthread")
 MAX_THREADS = 64
 MAX_THRESHOLDS = 64  # select.c's bound on the thresholds of one count
+STATE_LENGTH = MAX_THREADS * (1 + MAX_THRESHOLDS)  # select.c's per-chunk counts
 # The chunks run on OpenMP workers, and they are torch's: the library is built with -fopenmp and
 # loaded after torch, whose libgomp.so.1 the loader then reuses (one runtime, one pool). torch's
 # workers keep spinning for a while after each of its parallel regions; threads of our own would
@@ -115,16 +121,18 @@ class Kernel:
         lib.variant.restype = ctypes.c_char_p
         lib.select_f32.restype = ctypes.c_int64
         lib.select_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p,
-                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+                                   ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                   ctypes.c_double, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                   ctypes.POINTER(ctypes.c_int)]
         lib.count_f32.restype = None
         lib.count_f32.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                   ctypes.c_void_p]
         lib.gather_chunks.restype = None
         lib.gather_chunks.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
-                                      ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                                      ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_void_p,
+                                      ctypes.c_void_p]
         self.lib = lib
         self.variant = lib.variant().decode()
-        self._counts = torch.zeros(MAX_THREADS, dtype=torch.int64)  # host-side: the C side's per-thread counts
 
     @staticmethod
     def supports(x: torch.Tensor) -> bool:
@@ -137,18 +145,47 @@ class Kernel:
         with their values too when ``values``. ``buffers``: work space reused from call to call (a
         fresh one when None); ``threads``: how many chunks run at once (default torch's thread
         count, fewer when a chunk would get under ``PER_THREAD`` elements)."""
-        n = x.numel()
-        buffers = buffers or Buffers()
-        positions, found = buffers.get(n, values)
-        threads = _threads(n, threads)
-        found_ptr = found.data_ptr() if values else None
-        total = self.lib.select_f32(_address(x), n, t, positions.data_ptr(), found_ptr, threads,
-                                    self._counts.data_ptr())
-        out = torch.empty(total, dtype=torch.int64)  # host-side: the CPU kernel's result
-        vals = torch.empty(total, dtype=torch.float32) if values else None  # host-side: CPU kernel only
-        self.lib.gather_chunks(positions.data_ptr(), found_ptr, n, threads, self._counts.data_ptr(), out.data_ptr(),
-                               vals.data_ptr() if values else None)
-        return (out, vals) if values else out
+        idx, vals, _ = self._select(x, t, [], math.inf, buffers, threads, values)
+        return (idx, vals) if values else idx
+
+    def select_guarded(self, x: torch.Tensor, t: float, guards: list[float], limit: float,
+                       buffers: Buffers | None = None, threads: int | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        """:meth:`select` with values, guarded in the same call: when more than ``limit`` entries
+        pass t, the pairs passing the first of ``guards`` (ascending thresholds above t, float32)
+        that lets at most ``limit`` pass, or the last when none does. The guards are counted among
+        the selected values as they are selected: no second pass over anything. Returns
+        (positions, values, the index of the guard kept or None)."""
+        if len(guards) > MAX_THRESHOLDS:
+            raise ValueError(f"select_guarded takes at most {MAX_THRESHOLDS} guards, got {len(guards)}")
+        return self._select(x, t, guards, limit, buffers, threads, True)
+
+    def _select(self, x: torch.Tensor, t: float, guards: list[float], limit: float, buffers: Buffers | None,
+                threads: int | None, values: bool):
+        """One call of the C side: the pass, the guard, and the result gathered into room sized
+        from the last selection (``Buffers.room``); a larger result is gathered by a second call
+        into room of its size. The result is a view of its first ``total`` entries."""
+        n, buffers = x.numel(), buffers or Buffers()
+        positions, found, state = buffers.get(n, values)
+        threads, m = _threads(n, threads), len(guards)
+        room = buffers.room(n)
+        out = torch.empty(room, dtype=torch.int64)  # host-side: the CPU kernel's result
+        vals = torch.empty(room, dtype=torch.float32) if values else None  # host-side: CPU kernel only
+        found_ptr, vals_ptr = (found.data_ptr(), vals.data_ptr()) if values else (None, None)
+        ts = (ctypes.c_float * max(m, 1))(*guards)
+        chosen = ctypes.c_int(-1)
+        total = self.lib.select_f32(_address(x), n, t, positions.data_ptr(), found_ptr, threads, state.data_ptr(),
+                                    ts, m, limit, out.data_ptr(), vals_ptr, room, ctypes.byref(chosen))
+        j = chosen.value if chosen.value >= 0 else None
+        buffers.selected = total
+        if total > room:  # more than the room: gathered here, into room of its size
+            out = torch.empty(total, dtype=torch.int64)  # host-side: the CPU kernel's result
+            vals = torch.empty(total, dtype=torch.float32) if values else None  # host-side: CPU kernel only
+            self.lib.gather_chunks(positions.data_ptr(), found_ptr, n, threads, state.data_ptr(), chosen.value,
+                                   guards[j] if j is not None else 0.0, out.data_ptr(),
+                                   vals.data_ptr() if values else None)
+            return out, vals, j
+        return out[:total], vals[:total] if values else None, j
 
     def count(self, x: torch.Tensor, thresholds: list[float], threads: int | None = None) -> list[int]:
         """For each threshold t (float32), how many entries of flat float32 ``x`` have !(|x| < t):
@@ -179,20 +216,28 @@ def _address(x: torch.Tensor) -> int:
 
 
 class Buffers:
-    """The kernel's work space: int32 positions and float32 values of a tensor's length, kept
-    from call to call (a fresh multi-megabyte buffer per call costs page faults)."""
+    """The kernel's work space: int32 positions and float32 values of a tensor's length and the
+    C side's per-chunk counts, kept from call to call (a fresh multi-megabyte buffer per call
+    costs page faults), and the last selection's count, which sizes the next result's room."""
 
     def __init__(self):
         self.positions: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
+        self.state = torch.zeros(STATE_LENGTH, dtype=torch.int64)  # host-side: the C side's per-chunk counts
+        self.selected: int | None = None
 
-    def get(self, n: int, values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def get(self, n: int, values: bool) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
         if self.positions is None or self.positions.numel() != n:
             self.positions = torch.empty(n, dtype=torch.int32)  # host-side: CPU kernel only
             self.values = None
         if values and self.values is None:
             self.values = torch.empty(n, dtype=torch.float32)  # host-side: CPU kernel only
-        return self.positions, self.values
+        return self.positions, self.values, self.state
+
+    def room(self, n: int) -> int:
+        """How many entries the next result makes room for: twice the last count (a selector's
+        counts drift slowly), 1/16 of the tensor before the first; at most n."""
+        return min(n, 1024 + (2 * self.selected if self.selected is not None else n // 16))
 
 
 @functools.cache
