@@ -164,3 +164,26 @@ def test_the_gpu_kernels_are_for_cuda_float32_only_and_can_be_turned_off(monkeyp
         assert gpu_kernels.module() is None
     finally:
         gpu_kernels.module.cache_clear()
+
+
+def test_a_guard_raise_with_its_count_known_keeps_its_subset_with_no_host_read():
+    """On torch's passes (a GPU's without Triton, or below the kernels' size) keeping a raise's
+    subset with its count known compacts with nonzero_static of that size, not nonzero: no host
+    read. The guarded selection gives the CPU kernel's pairs."""
+    from commlab.compress.scan import keep_at_least, select_pairs_at_least, select_pairs_guarded
+
+    x = sample(torch.float32, n=50_000, seed=4)
+    t = float(x.abs().quantile(0.98))
+    raises = [t * 1.03**j for j in range(1, 6)]
+    with portable_passes():
+        idx, vals = select_pairs_at_least(x, t)
+        counts = counts_at_least(vals, raises)
+        counter = HostSyncCounter()
+        with counter:
+            kept_idx, kept_vals = keep_at_least(idx, vals, raises[2], counts[2])
+        assert counter.total == 0, counter.sites
+        guarded = select_pairs_guarded(x, t, raises, idx.numel() // 2)
+    assert torch.equal(kept_idx, select_at_least(x, raises[2])) and torch.equal(kept_vals, x[kept_idx])
+    native = select_pairs_guarded(x, t, raises, idx.numel() // 2)
+    assert guarded[2] == native[2] is not None
+    assert torch.equal(guarded[0], native[0]) and torch.equal(guarded[1], native[1])

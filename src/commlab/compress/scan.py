@@ -282,13 +282,18 @@ def select_pairs_guarded(x: torch.Tensor, t: float, raises: list[float], limit: 
 def keep_at_least(idx: torch.Tensor, vals: torch.Tensor, t: float, count: int | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """The pairs of a selection whose values have |value| >= t (a raised threshold keeps a subset:
-    no pass over the tensor). ``count``, how many they are when known, spares a GPU its host read."""
+    no pass over the tensor). ``count``, how many they are when known, spares a GPU its host read:
+    the Triton kernels take it as their total, and torch's passes compact with
+    ``nonzero_static`` of that size instead of ``nonzero``, whose length the host must read."""
     gpu = _gpu_kernels(vals) if count is not None else None
     if gpu is not None:
         bits = _pattern(t, vals.dtype)
         out = gpu_kernels.run(gpu.select, vals, bits, True, None, count)
         if out is not None:
             return idx.index_select(0, out[0]), out[1]
+    if count is not None and not _numpy(vals):
+        keep = torch.nonzero_static(at_least(vals.reshape(-1), t), size=count).view(-1)
+        return idx.index_select(0, keep), vals.index_select(0, keep)
     keep, kept = select_pairs_at_least(vals, t)
     return idx.index_select(0, keep), kept
 
