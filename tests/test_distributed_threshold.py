@@ -17,7 +17,7 @@ from commlab.compress.bounded import (
     probe_cost_bound,
     search_rounds,
 )
-from commlab.compress.scan import from_bits
+from commlab.compress.floatbits import from_bits
 from commlab.core import Communicator
 from commlab.testing import run_distributed
 

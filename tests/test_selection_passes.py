@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from commlab.bench.opcount import HostSyncCounter, TrafficCounter
+from commlab.compress.floatbits import in_dtype, next_up
 from commlab.compress.scan import (
     _counts_bucketize,
     _counts_cpu,
@@ -18,8 +19,6 @@ from commlab.compress.scan import (
     compact,
     counts_above,
     counts_at_least,
-    in_dtype,
-    next_up,
     portable_passes,
     select_above,
     select_at_least,

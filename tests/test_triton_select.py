@@ -17,10 +17,10 @@ pytest.importorskip("triton")
 
 SCRIPT = textwrap.dedent("""
     import torch
-    from commlab.compress import scan, triton_select as ts
+    from commlab.compress import floatbits, scan, triton_select as ts
 
     def bits(t):
-        return scan.to_bits(max(scan.in_dtype(t, torch.float32), scan._tiny(torch.float32)), torch.float32)
+        return floatbits.pattern(t, torch.float32)
 
     g = torch.Generator().manual_seed(0)
     checked = 0
@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent("""
             idx, vals = ts.select(x, bits(t), total=want_idx.numel(), block=256)  # a count known: no read
             assert torch.equal(idx, want_idx) and torch.equal(vals.view(torch.int32), want_vals.view(torch.int32))
             checked += 1
-        ts_list = sorted({max(scan.in_dtype(t, torch.float32), scan._tiny(torch.float32))
+        ts_list = sorted({floatbits.compared(t, torch.float32)
                           for t in (0.0, 0.3, 0.5, 1.5, 2.0, 3.0, 1e30, float("inf"))})
         with scan.portable_passes():
             want = scan.counts_at_least(x, ts_list)

@@ -95,7 +95,8 @@ from commlab.compress.bounded import (
     local_spread,
     probe_cost_bound,
 )
-from commlab.compress.scan import at_least, compact, from_bits
+from commlab.compress.floatbits import from_bits
+from commlab.compress.scan import at_least, compact
 from commlab.compress.threshold import ThresholdEstimator, ThresholdOptions
 from commlab.core.sparse import (
     SCHEDULES,

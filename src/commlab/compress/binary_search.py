@@ -57,7 +57,8 @@ from dataclasses import dataclass
 
 import torch
 
-from commlab.compress.scan import Scratch, counts_above, in_dtype, magnitude_stats, select_above
+from commlab.compress.floatbits import in_dtype
+from commlab.compress.scan import Scratch, counts_above, magnitude_stats, select_above
 from commlab.registry import SELECTORS
 
 PROBES = 15  # thresholds counted per pass (a round halves the interval 4 times)

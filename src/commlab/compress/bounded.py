@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from commlab.compress.scan import from_bits, to_bits
+from commlab.compress.floatbits import from_bits, to_bits
 from commlab.core.communicator import ring_allreduce_cost
 
 _BITS = {2: torch.int16, 4: torch.int32, 8: torch.int64}

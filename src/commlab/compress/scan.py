@@ -40,76 +40,14 @@ reaches the update instead of hiding in a residual. Example::
 from __future__ import annotations
 
 import math
-import struct
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
 from commlab.compress import gpu_kernels
+from commlab.compress.floatbits import compared, neighbour, next_up, pattern, to_bits
 from commlab.compress.native import Buffers, Kernel, kernel
-
-# Float formats by their bit patterns, in plain Python: thresholds are host numbers, and host
-# arithmetic done with torch scalars would read like device work.
-_FORMATS = {torch.float64: ("<d", "<Q"), torch.float32: ("<f", "<I"), torch.float16: ("<e", "<H")}
-
-
-def to_bits(t: float, dtype: torch.dtype) -> int:
-    """The bit pattern of ``t`` rounded (to nearest even) to ``dtype``."""
-    if dtype == torch.bfloat16:  # the high half of a float32, rounded to nearest even
-        high = to_bits(t, torch.float32)
-        if math.isnan(t):
-            return high >> 16
-        return (high + 0x7FFF + ((high >> 16) & 1)) >> 16
-    if dtype not in _FORMATS:
-        raise ValueError(f"no float format for dtype {dtype}")
-    value, bits = _FORMATS[dtype]
-    try:
-        return struct.unpack(bits, struct.pack(value, t))[0]
-    except OverflowError:  # beyond the format's largest finite value: rounds to infinity
-        return to_bits(math.copysign(math.inf, t), dtype)
-
-
-def from_bits(bits: int, dtype: torch.dtype) -> float:
-    """The value of a bit pattern of ``dtype``."""
-    if dtype == torch.bfloat16:
-        return from_bits(bits << 16, torch.float32)
-    value, pattern = _FORMATS[dtype]
-    return struct.unpack(value, struct.pack(pattern, bits))[0]
-
-
-def in_dtype(t: float, dtype: torch.dtype) -> float:
-    """``t`` rounded to ``dtype``, as a comparison with a tensor of that dtype rounds it."""
-    return from_bits(to_bits(t, dtype), dtype)
-
-
-def _step(t: float, dtype: torch.dtype, toward: float) -> float:
-    """The neighbour of ``t`` >= 0 (rounded to ``dtype``) in ``dtype``, toward ``toward``."""
-    bits = to_bits(t, dtype)
-    if bits == 0 or (toward == 0 and math.copysign(1.0, from_bits(bits, dtype)) < 0):
-        return from_bits(1, dtype) if toward > 0 else 0.0  # from +-0: the smallest positive value
-    return from_bits(bits + (1 if toward > from_bits(bits, dtype) else -1), dtype)
-
-
-def next_up(t: float, dtype: torch.dtype) -> float:
-    """The smallest value of ``dtype`` above ``t`` (>= 0): |x| > t is |x| >= next_up(t)."""
-    return _step(t, dtype, math.inf)
-
-
-def _tiny(dtype: torch.dtype) -> float:
-    """The smallest positive value of ``dtype``: |x| >= it is x != 0."""
-    return from_bits(1, dtype)
-
-
-def compared(t: float, dtype: torch.dtype) -> float:
-    """``t`` as a selection compares it: rounded to ``dtype``, and at least its smallest positive
-    value (so that zeros never pass)."""
-    return max(in_dtype(t, dtype), _tiny(dtype))
-
-
-def _pattern(t: float, dtype: torch.dtype) -> int:
-    """The bit pattern of :func:`compared` ``t``: what the GPU kernels compare magnitudes against."""
-    return to_bits(compared(t, dtype), dtype)
 
 
 class Scratch:
@@ -181,7 +119,7 @@ def at_least(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch
         np.logical_not(np.less(magnitudes, t, out=_array(mask)), out=_array(mask))
         return mask
     # hardshrink(x, l) keeps x where x > l or x < -l: with l the value below t, where |x| >= t
-    return mask.copy_(torch.hardshrink(x, _step(t, x.dtype, 0.0), out=values))
+    return mask.copy_(torch.hardshrink(x, neighbour(t, x.dtype, 0.0), out=values))
 
 
 def above(x: torch.Tensor, t: float, scratch: Scratch | None = None) -> torch.Tensor:
@@ -217,7 +155,7 @@ def select_pairs_at_least(x: torch.Tensor, t: float, scratch: Scratch | None = N
 def _select(flat: torch.Tensor, t: float, scratch: Scratch | None, values: bool):
     gpu = _gpu_kernels(flat)
     if gpu is not None:
-        bits = _pattern(t, flat.dtype)
+        bits = pattern(t, flat.dtype)
         out = gpu_kernels.run(gpu.select, flat, bits, values, scratch.room() if scratch is not None else None)
         if out is not None:
             if scratch is not None:
@@ -256,8 +194,8 @@ def select_pairs_guarded(x: torch.Tensor, t: float, raises: list[float], limit: 
 
     gpu = _gpu_kernels(flat)
     if gpu is not None and 0 < len(raises) <= gpu.MAX_GUARDS:
-        bits = _pattern(t, flat.dtype)
-        guards = [_pattern(u, flat.dtype) for u in raises]
+        bits = pattern(t, flat.dtype)
+        guards = [pattern(u, flat.dtype) for u in raises]
         out = gpu_kernels.run(gpu.select_counting, flat, bits, guards, scratch.room() if scratch is not None else None)
         if out is not None:
             idx, vals, counts = out
@@ -287,7 +225,7 @@ def keep_at_least(idx: torch.Tensor, vals: torch.Tensor, t: float, count: int | 
     ``nonzero_static`` of that size instead of ``nonzero``, whose length the host must read."""
     gpu = _gpu_kernels(vals) if count is not None else None
     if gpu is not None:
-        bits = _pattern(t, vals.dtype)
+        bits = pattern(t, vals.dtype)
         out = gpu_kernels.run(gpu.select, vals, bits, True, None, count)
         if out is not None:
             return idx.index_select(0, out[0]), out[1]
@@ -399,7 +337,7 @@ def _counts_bucketize(flat: torch.Tensor, ts: list[float]) -> torch.Tensor:
     dtype, m = flat.dtype, len(ts)
     # With right=True, bucketize counts the boundaries <= x: x >= t_j passes the j-th positive
     # boundary; x <= -t_j is x < -(value below t_j), which a negative boundary there separates.
-    bounds = [-_step(t, dtype, 0.0) for t in reversed(ts)] + ts
+    bounds = [-neighbour(t, dtype, 0.0) for t in reversed(ts)] + ts
     slots = torch.bucketize(flat, host_values(bounds, dtype, flat.device), right=True, out_int32=True)
     hist = _histogram(slots.reshape(-1), 2 * m + 1)
     high = hist.flip(0).cumsum(0).flip(0)  # high[i]: entries in slots >= i
