@@ -47,7 +47,7 @@ import torch
 
 from commlab.compress import gpu_kernels
 from commlab.compress.floatbits import compared, neighbour, next_up, pattern, to_bits
-from commlab.compress.native import Buffers, Kernel, kernel
+from commlab.compress.native import MAX_THRESHOLDS, Buffers, Kernel, kernel
 
 
 class Scratch:
@@ -188,32 +188,25 @@ def select_pairs_guarded(x: torch.Tensor, t: float, raises: list[float], limit: 
     same call, which ``tests/test_native_select.py`` checks against the rule written out);
     elsewhere they are counted among the selected values."""
     flat = x.reshape(-1)
-
-    def choose(total: int, counts: list[int]) -> int | None:
-        return first_within(counts, lambda c: c <= limit) if raises and total > limit else None
-
-    gpu = _gpu_kernels(flat)
-    if gpu is not None and 0 < len(raises) <= gpu.MAX_GUARDS:
-        bits = pattern(t, flat.dtype)
-        guards = [pattern(u, flat.dtype) for u in raises]
-        out = gpu_kernels.run(gpu.select_counting, flat, bits, guards, scratch.room() if scratch is not None else None)
-        if out is not None:
-            idx, vals, counts = out
-            if scratch is not None:
-                scratch.selected = idx.numel()
-            j = choose(idx.numel(), counts)
-            return (idx, vals, None) if j is None else (*keep_at_least(idx, vals, raises[j], counts[j]), j)
-    if raises and _numpy(flat) and Kernel.supports(flat) and len(raises) <= NATIVE_COUNT_THRESHOLDS:
+    if raises and _numpy(flat) and Kernel.supports(flat) and len(raises) <= MAX_THRESHOLDS:
         native = kernel()
         if native is not None:
             guards = [compared(u, flat.dtype) for u in raises]
             return native.select_guarded(flat, compared(t, flat.dtype), guards, limit,
                                          scratch.native if scratch is not None else None)
-    idx, vals = _select(flat, t, scratch, values=True)
+    gpu, out = _gpu_kernels(flat), None
+    if gpu is not None and 0 < len(raises) <= gpu.MAX_GUARDS:
+        guards = [pattern(u, flat.dtype) for u in raises]
+        room = scratch.room() if scratch is not None else None
+        out = gpu_kernels.run(gpu.select_counting, flat, pattern(t, flat.dtype), guards, room)
+        if out is not None and scratch is not None:
+            scratch.selected = out[0].numel()
+    # the GPU kernels count the raises among the entries they select; torch's passes do not
+    idx, vals, counts = out if out is not None else (*_select(flat, t, scratch, values=True), None)
     if not raises or idx.numel() <= limit:
         return idx, vals, None
-    counts = counts_at_least(vals, raises)
-    j = choose(idx.numel(), counts)
+    counts = counts if counts is not None else counts_at_least(vals, raises)
+    j = first_within(counts, lambda c: c <= limit)
     return (*keep_at_least(idx, vals, raises[j], counts[j]), j)
 
 

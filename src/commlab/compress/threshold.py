@@ -22,9 +22,9 @@ fewer than ``lower``·k pass, the exact threshold is computed at that step. Eith
 A reused step costs one mask and one compaction (:mod:`commlab.compress.scan`: no |x| buffer,
 the count is the compaction's length, one host sync); the guard's raised thresholds are counted
 among the selected entries as they are selected, and a raise keeps the entries passing it (no
-second pass over the tensor: :func:`commlab.compress.scan.select_pairs_guarded`). Selection keeps the entries with
-|x| >= threshold and x != 0: at density 1 (threshold 0) that is
-every non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
+second pass over the tensor: :func:`commlab.compress.scan.select_pairs_guarded`). Selection
+keeps the entries with |x| >= threshold and x != 0: at density 1 (threshold 0) that is every
+non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
 of candidates the exact threshold is 0 (everything non-zero passes).
 
     select = SELECTORS.get("threshold_estimation")()   # stateful: first call exact, then reused
