@@ -89,13 +89,15 @@ def emulation_unavailable() -> str | None:
 def environment() -> dict:
     import torch
 
+    from commlab.loop.heap import describe
     from commlab.tracking import git_commit
 
     cuda = torch.cuda.is_available()
     return {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
-            "cuda": cuda, "git_commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "cuda": cuda, "git_commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "worker_malloc": describe()}  # the training workers' malloc settings (loop/heap.py)
 
 
 def md_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:

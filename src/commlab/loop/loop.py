@@ -216,13 +216,15 @@ class Run:
         """The MLflow run's tags. Under an emulated network the launcher puts the link as built and
         measured into the config (``network.emulated``): its label is a tag too."""
         config, rt = self.config, self.rt
+        from commlab.loop.heap import describe
         from commlab.tracking import git_commit
 
         tags = {"paper": config["paper"], "method": config["method"],
                 "name": config.get("name") or config["method"], "seed": str(config["seed"]),
                 "workers": str(rt.world_size), "backend": rt.backend, "git_commit": git_commit(),
                 "data_hash": str(self.data.meta.get("content_hash")), "model": config["model"],
-                "dataset": config["dataset"], "scale": config.get("scale") or "adhoc"}
+                "dataset": config["dataset"], "scale": config.get("scale") or "adhoc",
+                "worker_malloc": describe()}  # speed, not numbers, depends on it (loop/heap.py)
         emulated = (config.get("network") or {}).get("emulated")
         if emulated:
             tags["network"] = str(emulated.get("network_label", emulated.get("network_bandwidth_mbit")))

@@ -50,9 +50,14 @@ def _say_once(message: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Train the config ``args`` name; the exit status."""
     from commlab.config import ConfigError, load_run
+    from commlab.loop.heap import keep_freed_memory
 
     name_process(int(os.environ.get("RANK", "0")))  # torchrun's agent set RANK in this process
-
+    try:
+        keep_freed_memory()  # before the run allocates: freed tensors stay in the heap (loop/heap.py)
+    except ValueError as err:  # a malformed COMMLAB_MALLOC / MALLOC_*_ variable
+        _say_once(f"commlab train: {err}")
+        return 2
     try:
         config, options = load_run(args.config, args.overrides)
     except ConfigError as err:
