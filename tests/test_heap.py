@@ -27,7 +27,8 @@ def test_defaults_and_glibc_variables():
 
 
 @pytest.mark.parametrize(("environ", "named"), [({"COMMLAB_MALLOC": "jemalloc"}, "COMMLAB_MALLOC"),
-                                                ({"MALLOC_TRIM_THRESHOLD_": "1G"}, "MALLOC_TRIM_THRESHOLD_")])
+                                                ({"MALLOC_TRIM_THRESHOLD_": "1G"}, "MALLOC_TRIM_THRESHOLD_"),
+                                                ({"MALLOC_MMAP_THRESHOLD_": "-1"}, "MALLOC_MMAP_THRESHOLD_")])
 def test_bad_variable_is_named(environ, named):
     with pytest.raises(ValueError, match=named):
         heap.settings(environ)

@@ -33,7 +33,7 @@ import sys
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
 TRIM_THRESHOLD = 1 << 30
-MMAP_THRESHOLD = 32 << 20  # glibc refuses more on 64-bit (half its 64 MiB heap size)
+MMAP_THRESHOLD = 32 << 20  # glibc ignores more on 64-bit (half its 64 MiB heap size)
 ENVIRONMENT = {M_TRIM_THRESHOLD: "MALLOC_TRIM_THRESHOLD_", M_MMAP_THRESHOLD: "MALLOC_MMAP_THRESHOLD_"}
 
 
@@ -50,10 +50,10 @@ def settings(environ: dict | None = None) -> dict[int, int]:
     chosen = {M_TRIM_THRESHOLD: TRIM_THRESHOLD, M_MMAP_THRESHOLD: MMAP_THRESHOLD}
     for param, name in ENVIRONMENT.items():
         if name in environ:
-            try:
-                chosen[param] = int(environ[name])
-            except ValueError:
-                raise ValueError(f"{name} must be a number of bytes, got {environ[name]!r}") from None
+            value = environ[name].strip()
+            if not value.isdigit():
+                raise ValueError(f"{name} must be a number of bytes, got {environ[name]!r}")
+            chosen[param] = int(value)
     return chosen
 
 
@@ -77,4 +77,5 @@ def keep_freed_memory(environ: dict | None = None) -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # (glibc ignores an mmap threshold above 32 MiB, and before 2.37 still reports success)
     return all(mallopt(param, min(value, 2**31 - 1)) == 1 for param, value in chosen.items())
