@@ -58,10 +58,10 @@ def settings(environ: dict | None = None) -> dict[int, int]:
 
 
 def describe(environ: dict | None = None) -> str:
-    """What the workers set, for a benchmark's record: ``trim_threshold=... mmap_threshold=...``
-    in bytes, or ``system`` when they leave malloc alone."""
+    """What the workers set, for a run's tag and a benchmark's record: ``trim_threshold=...
+    mmap_threshold=...`` in bytes, or ``system`` when they leave malloc alone (or have no glibc)."""
     chosen = settings(environ)
-    if not chosen:
+    if not chosen or _mallopt() is None:
         return "system"
     return f"trim_threshold={chosen[M_TRIM_THRESHOLD]} mmap_threshold={chosen[M_MMAP_THRESHOLD]}"
 
@@ -69,13 +69,20 @@ def describe(environ: dict | None = None) -> str:
 def keep_freed_memory(environ: dict | None = None) -> bool:
     """Apply :func:`settings` with glibc's ``mallopt``; True when every value was accepted
     (False: not glibc, nothing to set, or a value glibc refused)."""
-    chosen = settings(environ)
-    if not chosen or not sys.platform.startswith("linux"):
+    chosen, mallopt = settings(environ), _mallopt()
+    if not chosen or mallopt is None:
         return False
+    # (glibc ignores an mmap threshold above 32 MiB, and before 2.37 still reports success)
+    return all(mallopt(param, min(value, 2**31 - 1)) == 1 for param, value in chosen.items())
+
+
+def _mallopt():
+    """glibc's ``mallopt``, or None elsewhere (then nothing is set, and runs record ``system``)."""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc
-        return False
+        return None
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    # (glibc ignores an mmap threshold above 32 MiB, and before 2.37 still reports success)
-    return all(mallopt(param, min(value, 2**31 - 1)) == 1 for param, value in chosen.items())
+    return mallopt
