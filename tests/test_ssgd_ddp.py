@@ -125,3 +125,29 @@ def test_ssgd_starts_bucket_allreduces_in_backward_and_averages_exactly(method, 
     for seen, _, _ in results[1:]:  # every replica applies the same gradient
         for a, b in zip(seen["synced"], results[0][0]["synced"], strict=True):
             assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _ddp_batch_norm(rank, world):
+    """Two ddp steps of a model whose BatchNorm comes first (its running mean is the inputs'
+    own: independent of the weights), each rank on its own batches; what torch warned."""
+    import warnings
+
+    from commlab.testing import drive
+
+    gen = torch.Generator().manual_seed(20 + rank)
+    batches = [(torch.randn(8, 6, generator=gen) + rank, torch.randint(0, 3, (8,), generator=gen)) for _ in range(2)]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.BatchNorm1d(6), torch.nn.Linear(6, 3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drive("ddp", None, model=model, steps=2, batches=lambda s: batches[s], train={"lr": 0.1, "optimizer": "sgd"})
+    # BatchNorm's update without any sync between ranks: momentum 0.1 from zero, the rank's own batches
+    expected = 0.9 * (0.1 * batches[0][0].mean(0)) + 0.1 * batches[1][0].mean(0)
+    return model[0].running_mean.clone(), expected, [str(w.message) for w in caught if w.category is FutureWarning]
+
+
+def test_ddp_keeps_batch_norm_statistics_per_rank_as_ssgd_does_without_a_warning():
+    for running, expected, warned in run_distributed(_ddp_batch_norm, 2):
+        # a forward buffer sync would have put rank 0's statistics into rank 1's before step 2
+        torch.testing.assert_close(running, expected)
+        assert warned == []  # torch 2.14 deprecates broadcast_buffers: the option is named for the torch in use

@@ -8,6 +8,7 @@ axis of the reports compares like with like.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -16,6 +17,13 @@ from torch.nn.parallel import DistributedDataParallel
 from commlab.algorithms.base import Algorithm, StepInfo
 from commlab.core.costs import ring_allreduce_cost, ring_allreduce_messages
 from commlab.registry import ALGORITHMS
+
+# No buffer sync at each forward. torch 2.14 names it forward_sync_buffers (broadcast_buffers warns
+# as deprecated); its False still syncs buffers at construction, which init_sync=False below skips
+# with the parameters' sync: the same behaviour as broadcast_buffers=False on older torch.
+NO_FORWARD_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                          if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                          else {"broadcast_buffers": False})
 
 
 @ALGORITHMS.register("ddp")
@@ -42,8 +50,8 @@ class DDP(Algorithm):
         # forward, as ssgd does not do one either (BatchNorm statistics stay per rank in both).
         self._ddp = DistributedDataParallel(
             self.model, device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=self.options.bucket_mb, broadcast_buffers=False, gradient_as_bucket_view=True,
-            init_sync=False,
+            bucket_cap_mb=self.options.bucket_mb, gradient_as_bucket_view=True, init_sync=False,
+            **NO_FORWARD_BUFFER_SYNC,
         )
         self._numel = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
         self._esize = next(self.model.parameters()).element_size()
