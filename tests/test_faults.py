@@ -67,7 +67,9 @@ def _faults_job(tmp_path, workers: int = 4, **extra):
 @pytest.mark.parametrize("victim", [2, 0])
 def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
     cfg, out, log, uri = _faults_job(tmp_path)
-    env = {"MLFLOW_TRACKING_URI": uri}
+    scratch = tmp_path / "t"  # the launcher's temporary folder (short: the fork server's socket is in it)
+    scratch.mkdir()
+    env = {"MLFLOW_TRACKING_URI": uri, "TMPDIR": str(scratch)}
     job = start_job(["launch", "--config", str(cfg)], log, env=env)
     jobs.append(job)
     wait_for(lambda: checkpoint_step(out) == STEPS_PER_EPOCH, job=job, timeout=300)
@@ -90,6 +92,7 @@ def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
                         weights_only=False)["progress"]["run_id"]
     assert _status(uri, run_id) == "FAILED"
     assert checkpoint_step(out) == STEPS_PER_EPOCH  # the last complete checkpoint is intact
+    assert not list(scratch.glob("*torchelastic*"))  # the agent's folder of error files went with the launch
 
     if victim == 0:  # the re-launch resumes from epoch 1 and completes the same run
         job = start_job(["launch", "--config", str(cfg)], log, env=env)
@@ -97,6 +100,7 @@ def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
         assert reap(job, timeout=300) == 0, log.read_text()[-3000:]
         assert checkpoint_step(out) == 3 * STEPS_PER_EPOCH
         assert _status(uri, run_id) == "FINISHED"
+        assert not list(scratch.glob("*torchelastic*"))
 
 
 def test_max_restarts_restarts_dead_workers_from_the_checkpoint(tmp_path, jobs):

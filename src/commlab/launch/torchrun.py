@@ -153,7 +153,10 @@ def run_torchrun(args: list[str], on_failure=None) -> int:
     waits for them (they checkpoint) and this returns 128 + the signal; a failed worker stops the
     others and the failure table names its rank (exit 1); workers that stopped on a bad config or
     damaged data (exit 2, their message printed once) give exit 2 and one line. ``on_failure(rank,
-    exitcode)`` hears of the first failed worker (a negative exit code: killed by that signal)."""
+    exitcode)`` hears of the first failed worker (a negative exit code: killed by that signal).
+    The agent's per-run folder (workers' error files) lives in a temporary folder removed when the
+    launch ends: torchrun's default, ``/tmp/torchelastic_*``, stays behind after every run."""
+    import tempfile
     import uuid
 
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -165,6 +168,9 @@ def run_torchrun(args: list[str], on_failure=None) -> int:
     if options.standalone:  # as torchrun's own run(): a private c10d store on a free local port
         options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     options.start_method = "forkserver"
+    agent_dir = tempfile.TemporaryDirectory(prefix="commlab-torchelastic-")
+    if options.log_dir is None:  # a --log-dir given in args is the caller's to keep
+        options.log_dir = agent_dir.name
     launch_config, _, _ = config_from_args(options)
     start_worker_server()
     agent_log, quiet = logging.getLogger("torch.distributed.elastic.multiprocessing.api"), _QuietBadInput()
@@ -189,4 +195,5 @@ def run_torchrun(args: list[str], on_failure=None) -> int:
         return 128 + int(err.sigval)
     finally:
         agent_log.removeFilter(quiet)
+        agent_dir.cleanup()  # the failures were read from its error files above
     return 0
