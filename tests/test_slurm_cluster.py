@@ -130,6 +130,12 @@ def test_two_nodes_train_like_one(cluster, mlflow_uri, tmp_path):
     assert len(two_nodes) == 1 and two_nodes[0]["nodes"] == "c[1-2]"
     steps = cluster.slurm("sacct", "-j", two_nodes[0]["id"], "-P", "-n", "-o", "JobID,NodeList,NTasks")
     assert any(line.split("|")[1:] == ["c[1-2]", "2"] for line in steps.splitlines()), steps
+    # each node's torchrun agent kept its folder of error files in the run's folder, one per node;
+    # the one-node launch's agent folder was temporary
+    (two_dir,), (one_dir,) = proj.glob("results/**/two_nodes/seed0"), proj.glob("results/**/one_node/seed0")
+    agents = sorted(d.name for d in (two_dir / "torchelastic").iterdir())
+    assert len(agents) == 2 and all(a.startswith(f"{two_nodes[0]['id']}_") for a in agents), agents
+    assert not (one_dir / "torchelastic").exists()
     # same seed, same world size: every loss and accuracy the same to the last bit
     h1, h2 = run_history(mlflow_uri, one.info.run_id), run_history(mlflow_uri, two.info.run_id)
     keys = [k for k in h1 if ("loss" in k or "acc" in k) and not is_timing(k)]

@@ -64,9 +64,16 @@ def torchrun_args(config: dict, config_path: str, sentinel: str | None) -> list[
     restarts = [f"--max-restarts={config.get('max_restarts', 0)}"]
     if config.get("nodes", 1) == 1:
         return ["--standalone", f"--nproc-per-node={config['workers']}", *restarts, *train]
+    from commlab.config import run_dir
+
     job = os.environ.get("SLURM_JOB_ID", "commlab")
+    # Each node's agent keeps its workers' error files in the run's folder (a folder per node and
+    # job: <run dir>/torchelastic/<job>_*/attempt_<n>/<local rank>), on the file system every node
+    # sees, rather than in a /tmp/torchelastic_* of its own that nothing removes.
+    logs = run_dir(config).resolve() / "torchelastic"
     return [f"--nnodes={config['nodes']}", f"--nproc-per-node={config['workers']}", "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={slurm_first_host()}:{rendezvous_port(job)}", f"--rdzv-id={job}", *restarts, *train]
+            f"--rdzv-endpoint={slurm_first_host()}:{rendezvous_port(job)}", f"--rdzv-id={job}",
+            f"--log-dir={logs}", *restarts, *train]
 
 
 def rendezvous_port(job_id: str) -> int:
