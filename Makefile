@@ -11,7 +11,7 @@ export DO_NOT_TRACK := true
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 
-.PHONY: all run test test-gpu smoke report bench lint mlflow-ui system-packages test-packages apt-run apt-test \
+.PHONY: all run test test-gpu bench-gpu smoke report bench lint mlflow-ui system-packages test-packages apt-run apt-test \
     clean-results slurm-up slurm-down
 
 all: run
@@ -74,6 +74,17 @@ test: .venv/.installed test-packages
 # has PyTorch with CUDA: make test-gpu PY=python3 (the project's sources are put on its path).
 test-gpu: $(if $(filter .venv/bin/python,$(PY)),.venv/.installed)
 	$(PY) -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_*.py
+
+# The GPU benchmarks, each report naming the device, in $(GPU_BENCH_DIR) (not reports/bench, whose
+# CPU files the paper reports read): the selectors against one read of the tensor at 10M and 100M
+# elements, NCCL's allreduce and ssgd against DDP as a world of one. make bench-gpu PY=python3 as above.
+GPU_BENCH_DIR ?= reports/bench/gpu
+bench-gpu: $(if $(filter .venv/bin/python,$(PY)),.venv/.installed)
+	@$(PY) -c "import sys, torch; sys.exit(None if torch.cuda.is_available() else 'make bench-gpu: no CUDA device here')"
+	$(PY) -m commlab bench selection --devices cuda --sizes 10000000 100000000 --out-dir $(GPU_BENCH_DIR)
+	$(PY) -m commlab bench collectives --backend nccl --workers 1 --check-mbit 0 --out-dir $(GPU_BENCH_DIR)
+	$(PY) -m commlab bench throughput --workers 1 --networks loopback --methods ssgd ddp --repeats 3 \
+	    --out-dir $(GPU_BENCH_DIR)
 
 report: .venv/.installed
 	.venv/bin/snakemake --cores $(CORES) --profile workflow/profiles/default --report reports/snakemake_report.html

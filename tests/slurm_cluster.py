@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from commlab.testing.jobs import scratch_env
 from commlab.testing.localslurm import HOST_ADDR, ClusterError, LocalCluster, missing_tools
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,8 +114,11 @@ def stop_started() -> None:
 def snakemake(proj: Path, cluster: LocalCluster, uri: str, *targets: str, retries: int = 0,
               env: dict | None = None) -> subprocess.Popen:
     """Start Snakemake with the SLURM profile in ``proj`` (output in proj/snakemake.log)."""
-    env = {**os.environ, **cluster.env, "MLFLOW_TRACKING_URI": uri, "MLFLOW_DISABLE_TELEMETRY": "true",
-           "DO_NOT_TRACK": "true", "PATH": os.pathsep.join([str(VENV_BIN), os.environ["PATH"]]), **(env or {})}
+    # the jobs inherit TMPDIR (sbatch exports the environment): what a killed launcher cannot remove
+    # stays in the project's folder, not in /tmp
+    env = {**os.environ, **cluster.env, **scratch_env(proj.absolute()), "MLFLOW_TRACKING_URI": uri,
+           "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true",
+           "PATH": os.pathsep.join([str(VENV_BIN), os.environ["PATH"]]), **(env or {})}
     cmd = [str(VENV_BIN / "snakemake"), "--workflow-profile", str(PROFILE), "--configfile", "config/smoke.yaml",
            "cluster.yaml", "--slurm-init-seconds-before-status-checks", "1", "--seconds-between-status-checks",
            "2", "--latency-wait", "5", "--retries", str(retries), *targets]

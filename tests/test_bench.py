@@ -80,6 +80,40 @@ def test_throughput_tiny(throughput_json):
     assert summary[("loopback", "ssgd")]["collectives_per_step"] == pytest.approx(1.0)
 
 
+def test_throughput_counterbalances_the_order_and_keeps_each_repeats_ratio(monkeypatch):
+    """Odd repeats run the methods in reverse; every ratio within a repeat divides by the same
+    repeat's ssgd (fake runs whose samples/s is fixed per method and repeat)."""
+    import commlab.bench.throughput as throughput
+
+    rates = {("ssgd", 0): 100.0, ("ddp", 0): 125.0, ("oktopk", 0): 150.0,
+             ("ssgd", 1): 80.0, ("ddp", 1): 80.0, ("oktopk", 1): 60.0,
+             ("ssgd", 2): 90.0, ("ddp", 2): 100.0, ("oktopk", 2): 99.0}
+    order = []
+
+    def fake_run(config, workdir, net=None):
+        method = config["method"]
+        rate = rates[method, order.count(method)]
+        order.append(method)
+        return {"seconds": 1.0, "points": [rate], "final": {}}
+
+    monkeypatch.setattr(throughput, "run_training", fake_run)
+    monkeypatch.setattr(throughput, "steady_config", lambda args, method, workers: ({"method": method, "train": {}}, 0))
+    keys = ("step_s", "compute_s", "comm_s", "blocked_s", "bytes_per_step", "collectives_per_step",
+            "reductions_per_step")
+    monkeypatch.setattr(throughput, "step_summary",
+                        lambda points, *a, **k: {"samples_per_s": points[0], **dict.fromkeys(keys, 1.0)})
+    args = type("Args", (), {"repeats": 3, "test_subset": 10, "batch_size": 16})()
+    rows, skipped = throughput.measure_methods(args, ["ssgd", "ddp", "oktopk"], ["loopback"], 4, workdir=None)
+    assert not skipped
+    assert order == ["ssgd", "ddp", "oktopk", "oktopk", "ddp", "ssgd", "ssgd", "ddp", "oktopk"]
+    assert [(r["method"], r["repeat"]) for r in rows[3:6]] == [("oktopk", 1), ("ddp", 1), ("ssgd", 1)]
+    table = {e["method"]: e for e in throughput.summarise(rows, ["ssgd", "ddp", "oktopk"], ["loopback"])}
+    assert table["oktopk"]["ratio_per_repeat"] == pytest.approx([1.5, 0.75, 1.1])
+    assert table["oktopk"]["ratio_to_ssgd"] == pytest.approx(99.0 / 90.0)  # the ratio of the medians
+    assert table["ssgd"]["ratio_per_repeat"] == [1.0, 1.0, 1.0]
+    assert throughput.per_repeat_ratios(rows, "loopback", "ssgd", reference="ddp") == pytest.approx([0.8, 1.0, 0.9])
+
+
 def test_scaling_from_throughput(throughput_json, tmp_path):
     out = tmp_path / "scaling.json"
     rc = BENCHMARKS.get("scaling")(["--profiles", str(throughput_json), "--no-validate",

@@ -101,6 +101,8 @@ def test_killed_and_preempted_run_resumes_exactly(tmp_path, method, jobs):
     signal_job(job, signal.SIGKILL)
     reap(job)
     assert checkpoint_step(out) == STEPS_PER_EPOCH
+    # What the killed launcher could not remove is in the test's folder (start_job's TMPDIR), not /tmp.
+    assert list((tmp_path / "tmp").glob("commlab-torchelastic-*")), "the killed launcher's agent folder"
     run_id = _final_state(out, 0)["progress"]["run_id"]
     assert _status(uri, run_id) == "RUNNING"  # documented: the re-launch continues it
 

@@ -10,9 +10,13 @@ JSON also keeps per-step compute, communication, bytes and collectives, which fe
 model (``commlab bench scaling``). Methods run with the options the laptop-scale paper grids give
 them (``--options defaults``: their own defaults), dense warm-up included, and the rate is taken
 after the warm-up ends (``--max-steps`` steps of the method itself; ``--no-warmup`` skips the
-warm-up instead). With ``--repeats R`` the methods are interleaved R times and the median is reported.
-``ddp`` always runs beside ``ssgd`` (added when ``--methods`` leaves it out): ``ssgd / ddp``, per
-network, says how the dense reference every ratio divides by compares with what a PyTorch user runs.
+warm-up instead). With ``--repeats R`` the methods are interleaved R times, in the given order on
+even repeats and in reverse on odd ones (so that no method always runs first after a link is set
+up, or always right after the same neighbour), and the median is reported; each method's ratio to
+``ssgd`` within each repeat is kept too (``ratio_per_repeat``), to show the spread that one short
+window has. ``ddp`` always runs beside ``ssgd`` (added when ``--methods`` leaves it out):
+``ssgd / ddp``, per network, says how the dense reference every ratio divides by compares with
+what a PyTorch user runs.
 Emulated links need root and iproute2; without them those columns are skipped with the reason.
 On emulated links each run also records the bytes its links carried in the measured window, per
 rank and summed, beside the accounted bytes (``wire`` in the JSON; ``commlab bench wire`` turns
@@ -47,6 +51,11 @@ from commlab.bench.common import (
 from commlab.registry import BENCHMARKS
 
 
+def run_order(methods: list[str], repeat: int) -> list[str]:
+    """The order of one repeat: as given on even repeats, reversed on odd ones (counterbalanced)."""
+    return list(methods) if repeat % 2 == 0 else list(reversed(methods))
+
+
 def measure_methods(args, methods: list[str], networks: list, workers: int, workdir: Workdir) -> tuple[list, dict]:
     """One row per (network, method, repeat); plus {network: reason} for networks skipped."""
     rows, skipped = [], {}
@@ -60,7 +69,7 @@ def measure_methods(args, methods: list[str], networks: list, workers: int, work
         with network_context(net, workers) as emulated:
             link = emulated.params if emulated else {}
             for repeat in range(args.repeats):
-                for method in methods:
+                for method in run_order(methods, repeat):
                     config, warm = steady_config(args, method, workers)
                     config["train"]["test_subset"] = args.test_subset
                     result = run_training(config, workdir, emulated)
@@ -97,8 +106,17 @@ def ssgd_over_ddp(table: list[dict], networks: list[str]) -> dict[str, float | N
     return out
 
 
+def per_repeat_ratios(rows: list[dict], net: str, method: str, reference: str = "ssgd") -> list[float]:
+    """``method``'s samples/s over ``reference``'s within each repeat on ``net`` (repeats where both ran)."""
+    rate = {(r["method"], r["repeat"]): r["samples_per_s"] for r in rows
+            if r["network"] == net and r.get("samples_per_s")}
+    repeats = sorted({repeat for _, repeat in rate})
+    return [rate[method, i] / rate[reference, i] for i in repeats if (method, i) in rate and (reference, i) in rate]
+
+
 def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list[dict]:
-    """Median over repeats per (network, method) and the ratio to ssgd on the same network."""
+    """Median over repeats per (network, method), the ratio of the medians to ssgd's on the same
+    network, and the ratio within each repeat."""
     table = []
     for net in networks:
         dense = [r["samples_per_s"] for r in rows if r["network"] == net and r["method"] == "ssgd"
@@ -117,6 +135,7 @@ def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list
                             "collectives_per_step", "reductions_per_step"):
                     entry[key] = statistics.median(r[key] for r in ok)
                 entry["ratio_to_ssgd"] = entry["samples_per_s"] / dense_rate if dense_rate else None
+                entry["ratio_per_repeat"] = [round(x, 4) for x in per_repeat_ratios(rows, net, method)]
                 entry["measured_link_mbit"] = ok[0].get("measured_link_mbit")
                 wired = [r["wire"]["sum"] for r in ok if "wire" in r]
                 for key, source in WIRE_SUMMARY.items():
@@ -155,13 +174,16 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
     finally:
         workdir.close()
     table = summarise(rows, methods, names)
-    versus_ddp = ssgd_over_ddp(table, [n for n in names if n not in skipped])
+    measured = [n for n in names if n not in skipped]
+    versus_ddp = ssgd_over_ddp(table, measured)
+    versus_ddp_each = {net: [round(x, 4) for x in per_repeat_ratios(rows, net, "ssgd", reference="ddp")]
+                       for net in measured}
     payload = {"workers": args.workers, "model": args.model, "dataset": args.dataset,
                "batch_per_worker": args.batch_size, "max_steps": args.max_steps, "log_every": args.log_every,
                "repeats": args.repeats, "options": args.options, "warmup_steps_zero": args.no_warmup,
                "methods": methods,
                "networks": names, "skipped_networks": skipped,
-               "ssgd_over_ddp": versus_ddp, "summary": table, "runs": rows}
+               "ssgd_over_ddp": versus_ddp, "ssgd_over_ddp_per_repeat": versus_ddp_each, "summary": table, "runs": rows}
 
     wide = []
     for method in methods:
@@ -188,8 +210,10 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
           "the links carried (payload, all ranks) over the bytes accounted, in the same steps "
           "(`commlab bench wire` explains each).", "", md_table(wide, columns)]
     md += ["", "ssgd / ddp samples/s (dense ssgd, bucketed allreduces started during backward, against "
-           "PyTorch DDP, side by side): " + "; ".join(
-               f"{net} {ratio:.3f}" if ratio else f"{net} n/a" for net, ratio in versus_ddp.items())]
+           "PyTorch DDP, side by side; the ratio of the medians, then each repeat's): " + "; ".join(
+               (f"{net} {ratio:.3f}" if ratio else f"{net} n/a")
+               + (f" ({', '.join(f'{x:.3f}' for x in versus_ddp_each[net])})" if versus_ddp_each[net] else "")
+               for net, ratio in versus_ddp.items())]
     for net, reason in skipped.items():
         md += ["", f"{net}: skipped ({reason})"]
     failed = [e for e in table if "error" in e]

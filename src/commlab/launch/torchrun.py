@@ -175,8 +175,9 @@ def run_torchrun(args: list[str], on_failure=None) -> int:
     if options.standalone:  # as torchrun's own run(): a private c10d store on a free local port
         options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     options.start_method = "forkserver"
-    agent_dir = tempfile.TemporaryDirectory(prefix="commlab-torchelastic-")
-    if options.log_dir is None:  # a --log-dir given in args is the caller's to keep
+    agent_dir = None  # a --log-dir given in args is the caller's to keep
+    if options.log_dir is None:
+        agent_dir = tempfile.TemporaryDirectory(prefix="commlab-torchelastic-")
         options.log_dir = agent_dir.name
     launch_config, _, _ = config_from_args(options)
     start_worker_server()
@@ -202,5 +203,6 @@ def run_torchrun(args: list[str], on_failure=None) -> int:
         return 128 + int(err.sigval)
     finally:
         agent_log.removeFilter(quiet)
-        agent_dir.cleanup()  # the failures were read from its error files above
+        if agent_dir is not None:
+            agent_dir.cleanup()  # the failures were read from its error files above
     return 0

@@ -37,10 +37,32 @@ def write_config(path: str | Path, **fragment) -> Path:
     return path
 
 
+#: The longest temporary folder a job is given: multiprocessing's fork server binds its socket at
+#: <folder>/pymp-XXXXXXXX/listener-XXXXXXXX (32 bytes more), and a socket's path holds 107 bytes.
+MAX_SCRATCH_PATH = 107 - 32
+
+
+def scratch_env(folder: Path) -> dict[str, str]:
+    """``{"TMPDIR": folder/tmp}`` (created) for a job whose temporary files should stay with its
+    other files; empty when that path is too long for a socket in it (the job keeps /tmp)."""
+    scratch = folder / "tmp"
+    if len(str(scratch)) > MAX_SCRATCH_PATH:
+        return {}
+    scratch.mkdir(parents=True, exist_ok=True)
+    return {"TMPDIR": str(scratch)}
+
+
 def start_job(argv: list[str], log: str | Path, env: dict | None = None, cwd: str | Path | None = None,
               module: str = "commlab") -> subprocess.Popen:
-    """``python -m <module> *argv`` with stdout+stderr appended to ``log``."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    """``python -m <module> *argv`` with stdout+stderr appended to ``log``.
+
+    The job's temporary files (torchrun's agent folder, the fork server's socket folder) go to a
+    ``tmp`` folder beside ``log`` unless ``env`` sets ``TMPDIR``: a job killed with SIGKILL cannot
+    remove them, and there they are removed with the log instead of staying in /tmp. Where that
+    folder's path is too long for the fork server's socket in it, the job keeps the usual TMPDIR."""
+    env = env or {}
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                **({} if "TMPDIR" in env else scratch_env(Path(log).absolute().parent)), **env}
     with open(log, "ab") as out:
         return subprocess.Popen([sys.executable, "-m", module, *argv], stdout=out, stderr=subprocess.STDOUT,
                                 env=full_env, cwd=cwd)
