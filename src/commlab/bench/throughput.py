@@ -107,11 +107,13 @@ def ssgd_over_ddp(table: list[dict], networks: list[str]) -> dict[str, float | N
 
 
 def per_repeat_ratios(rows: list[dict], net: str, method: str, reference: str = "ssgd") -> list[float]:
-    """``method``'s samples/s over ``reference``'s within each repeat on ``net`` (repeats where both ran)."""
+    """``method``'s samples/s over ``reference``'s within each repeat on ``net`` (repeats where both
+    ran), to 4 decimals."""
     rate = {(r["method"], r["repeat"]): r["samples_per_s"] for r in rows
             if r["network"] == net and r.get("samples_per_s")}
     repeats = sorted({repeat for _, repeat in rate})
-    return [rate[method, i] / rate[reference, i] for i in repeats if (method, i) in rate and (reference, i) in rate]
+    return [round(rate[method, i] / rate[reference, i], 4) for i in repeats
+            if (method, i) in rate and (reference, i) in rate]
 
 
 def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list[dict]:
@@ -135,7 +137,7 @@ def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list
                             "collectives_per_step", "reductions_per_step"):
                     entry[key] = statistics.median(r[key] for r in ok)
                 entry["ratio_to_ssgd"] = entry["samples_per_s"] / dense_rate if dense_rate else None
-                entry["ratio_per_repeat"] = [round(x, 4) for x in per_repeat_ratios(rows, net, method)]
+                entry["ratio_per_repeat"] = per_repeat_ratios(rows, net, method)
                 entry["measured_link_mbit"] = ok[0].get("measured_link_mbit")
                 wired = [r["wire"]["sum"] for r in ok if "wire" in r]
                 for key, source in WIRE_SUMMARY.items():
@@ -176,8 +178,7 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
     table = summarise(rows, methods, names)
     measured = [n for n in names if n not in skipped]
     versus_ddp = ssgd_over_ddp(table, measured)
-    versus_ddp_each = {net: [round(x, 4) for x in per_repeat_ratios(rows, net, "ssgd", reference="ddp")]
-                       for net in measured}
+    versus_ddp_each = {net: per_repeat_ratios(rows, net, "ssgd", reference="ddp") for net in measured}
     payload = {"workers": args.workers, "model": args.model, "dataset": args.dataset,
                "batch_per_worker": args.batch_size, "max_steps": args.max_steps, "log_every": args.log_every,
                "repeats": args.repeats, "options": args.options, "warmup_steps_zero": args.no_warmup,
