@@ -12,12 +12,15 @@ import torch
 from commlab.compress.base import k_for_density
 from commlab.compress.gaussiank import GaussianOptions, gaussian_select, gaussian_threshold
 from commlab.compress.residual import ResidualMemory
+from commlab.compress.scan import Scratch
 from commlab.compress.threshold import (
     ThresholdEstimator,
     ThresholdOptions,
     ThresholdSelector,
     kth_largest,
     kth_magnitude,
+    select_top,
+    top_candidates,
     top_magnitudes,
 )
 from commlab.registry import BENCHMARKS, SELECTORS
@@ -80,6 +83,45 @@ def test_guard_raises_a_reused_threshold_while_too_many_pass():
     est.set_exact(start)
     idx, _ = est.select_pairs(x, k, step=1)          # k pass: no raise, no nudge
     assert idx.numel() == k and est.value == start
+
+
+def capped_reference(x: torch.Tensor, k: int, value: float | None, due: bool, o: ThresholdOptions):
+    """Ok-Topk's capped local selection written out with sorted top-k's over the whole tensor:
+    (positions, values, next threshold, exact computation?, recompute?)."""
+    mags, cap, aim = x.abs(), int(o.cap * k), math.ceil((o.lower + o.cap) / 2 * k)
+    ranked = torch.topk(mags, k, sorted=True).values
+    exact = due or int((mags >= value).sum()) < o.lower * k
+    t = float(ranked[-1]) if exact else value
+    nxt = float(ranked[-1]) if due else float(ranked[aim - 1]) if exact else value
+    pos = torch.nonzero((mags >= t) & (x != 0)).view(-1)
+    trimmed = pos.numel() > cap
+    if trimmed:
+        top = torch.topk(mags[pos], cap, sorted=True)
+        pos = pos[torch.sort(top.indices).values]
+        nxt = nxt if due else float(top.values[min(aim, cap) - 1])
+    return pos, x[pos], nxt, exact, (exact and not due) or (trimmed and not due)
+
+
+def test_capped_selection_matches_its_rule_written_out():
+    """Ok-Topk's bounded control: a reused threshold that lets fewer than 3k/4 pass is replaced
+    by the exact one (the next steps aim at 7k/8); more than k -> the top-k of those passing.
+    Step by step on a stream that drifts both ways, the estimator selects exactly what the
+    rule's sorted top-k's over the whole tensor select, with the same thresholds and counters."""
+    o = ThresholdOptions(recompute_every=6, guard_loops=0, cap=1.0)
+    est = ThresholdEstimator(o)
+    g = torch.Generator().manual_seed(3)
+    base = torch.randn(30_000, generator=g) * torch.rand(30_000, generator=g) ** 2
+    k, value, exact, recomputes, kinds = 300, None, 0, 0, set()
+    for step, scale in enumerate([1.0, 0.7, 0.5, 1.6, 2.5, 1.0, 0.7, 0.7, 0.4, 3.0, 1.1, 1.1]):
+        x = base * scale + 0.05 * torch.randn(30_000, generator=g) * base.abs().mean()
+        due = step % o.recompute_every == 0
+        pos, vals, value, was_exact, recomputed = capped_reference(x, k, value, due, o)
+        idx, got = est.select_pairs(x, k, step)
+        exact, recomputes = exact + was_exact, recomputes + recomputed
+        kinds.add("low" if was_exact and not due else "high" if recomputed else "due" if due else "kept")
+        assert torch.equal(idx, pos) and torch.equal(got, vals), step
+        assert est.value == value and est.exact_computations == exact and est.recomputes == recomputes, step
+    assert kinds == {"due", "low", "high", "kept"}  # every branch ran
 
 
 def test_density_one_selects_every_nonzero():
@@ -146,16 +188,39 @@ def test_selection_benchmark_reports_every_selector(tmp_path, capsys):
 
 @pytest.mark.parametrize("guess", [None, 1e-30, 0.05, 0.5, 1.7, 2.5, 40.0, float("inf")])
 def test_top_magnitudes_from_a_guess_are_torch_topks(guess):
-    """Whatever the guess (far below, near, above the k-th largest, none), the k largest |x|
-    are exactly torch.topk's, zeros and NaN included."""
+    """Whatever the guess (far below, near, above the k-th largest, none), the r-th largest |x|
+    are exactly those of torch.topk's sorted values, zeros and NaN included."""
     g = torch.Generator().manual_seed(5)
     x = torch.randn(50_000, generator=g) * torch.rand(50_000, generator=g) ** 3
     x[::97] = 0.0
     for k in (1, 37, 500, 5_000, 49_000):
         want = torch.topk(x.abs(), k, sorted=True).values
-        assert torch.equal(top_magnitudes(x, k, guess), want), (k, guess)
+        ranks = sorted({1, (k + 1) // 2, math.ceil(7 * k / 8), k})
+        assert top_magnitudes(x, k, ranks, guess) == [float(want[r - 1]) for r in ranks], (k, guess)
         assert kth_magnitude(x, k, guess) == float(want[-1])
     x[123] = float("nan")
-    got = top_magnitudes(x, 100, 1.0)
-    assert torch.isnan(got[0]) and torch.equal(got[1:], torch.topk(x.abs(), 100).values[1:])
+    got = top_magnitudes(x, 100, [1, 2, 100], 1.0)
+    want = torch.topk(x.abs(), 100).values
+    assert math.isnan(got[0]) and got[1:] == [float(want[1]), float(want[99])]
     assert kth_magnitude(x, x.numel(), 1.0) == 0.0
+
+
+@pytest.mark.parametrize("guess", [None, 0.05, 0.5, 2.5, 40.0])
+def test_select_top_keeps_among_candidates_what_a_selection_at_the_kth_largest_selects(guess):
+    """select_top's pairs are exactly those of a selection over the whole tensor at the k-th
+    largest |x| (ties at it included: values on a coarse grid), in ascending positions, and its
+    ranked magnitudes are torch.topk's; the candidates it keeps them among hold them all."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.round(torch.randn(40_000, generator=g) * torch.rand(40_000, generator=g) ** 3 * 64) / 64
+    for k in (1, 300, 2_000, 39_000):
+        want = torch.topk(x.abs(), k, sorted=True).values
+        scratch = Scratch()
+        idx, vals, ranked = select_top(x, k, guess, also=(math.ceil(7 * k / 8),), scratch=scratch)
+        assert ranked == [float(want[math.ceil(7 * k / 8) - 1]), float(want[-1])]
+        ref = torch.nonzero((x.abs() >= want[-1]) & (x != 0)).view(-1)
+        assert torch.equal(idx, ref) and torch.equal(vals, x[ref]), (k, guess)
+        assert idx.numel() >= k or float(want[-1]) == 0.0
+        assert scratch.selected in (None, idx.numel())
+        candidates = top_candidates(x, k, guess)
+        if candidates is not None:
+            assert set(ref.tolist()) <= set(candidates[0].tolist())
