@@ -244,3 +244,35 @@ def test_wire_table_names_a_servers_replies_in_flight_and_no_more():
     far = table([{"model": "mlp", "runs": [_wire_run("asgd", 1e6, 1e6 + framing + 3 * edge, 8)]}], ["asgd"])[0]
     assert "the server's replies in flight at the window's edges up to 6.2%" in near["note"]
     assert "UNEXPLAINED" not in near["note"] and "UNEXPLAINED" in far["note"]
+
+
+@pytest.mark.parametrize("when", ["before_the_runs", "during_a_run"])
+def test_sigterm_to_a_benchmark_removes_its_scratch_folder(tmp_path, when):
+    """A cancelled job's benchmark (Snakemake and SLURM send SIGTERM) exits 143 and leaves neither
+    its scratch folder (runs, logs, MLflow store) nor multiprocessing's: whether the signal lands
+    while the store is being made, before any worker, or while a run's workers train."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    argv = [sys.executable, "-m", "commlab", "bench", "throughput", *TINY_RUN, "--methods", "ssgd",
+            "--networks", "loopback", "--max-steps", "100000", "--out-dir", str(tmp_path / "out")]
+    proc = subprocess.Popen(argv, env={**os.environ, "TMPDIR": str(scratch)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ready = (lambda: list(scratch.glob("commlab-bench-*"))) if when == "before_the_runs" else \
+        (lambda: list(scratch.glob("commlab-bench-*/run*/train.log")))
+    deadline = time.monotonic() + 120
+    while not ready() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert ready(), f"the benchmark never got there (rc {proc.poll()})"
+    if when == "during_a_run":
+        time.sleep(2)  # the workers are forked and loading
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "SIGTERM: stopped" in err
+    assert not list(scratch.glob("commlab-bench-*")) and not list(scratch.glob("pymp-*")), \
+        sorted(p.name for p in scratch.iterdir())

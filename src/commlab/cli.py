@@ -59,10 +59,21 @@ def _cmd_launch(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    import signal
+
+    from commlab.launch.netem import Terminated
+    from commlab.launch.supervise import sigterm_raises
     from commlab.registry import BENCHMARKS
 
     bench = BENCHMARKS.get(args.name)
-    return bench(args.rest, json_path=args.json) or 0
+    # A cancelled job (Snakemake, SLURM) gets SIGTERM: unwind as on Ctrl-C, so that the runs'
+    # workers are stopped and the scratch folder with its MLflow store is removed.
+    try:
+        with sigterm_raises():
+            return bench(args.rest, json_path=args.json) or 0
+    except Terminated as err:
+        print(f"[bench] {signal.Signals(err.signum).name}: stopped", file=sys.stderr, flush=True)
+        return 128 + err.signum
 
 
 def _cmd_report(args) -> int:

@@ -153,9 +153,13 @@ class Workdir:
         self.keep = keep
         self.uri = f"sqlite:///{self.path / 'mlflow.db'}"
         self.count = 0
-        # Once, before any worker touches the store. A plain client: mlflow.set_tracking_uri would
-        # export MLFLOW_TRACKING_URI and pin every later store of this process to this one.
-        _mlflow_client(self.uri).create_experiment("bench")
+        try:
+            # Once, before any worker touches the store. A plain client: mlflow.set_tracking_uri would
+            # export MLFLOW_TRACKING_URI and pin every later store of this process to this one.
+            _mlflow_client(self.uri).create_experiment("bench")
+        except BaseException:  # an error or a signal before the caller holds the folder to close it
+            self.close()
+            raise
 
     def close(self) -> None:
         if not self.keep:

@@ -115,11 +115,18 @@ def ranked_magnitudes(values: torch.Tensor, k: int, ranks: list[int]) -> list[fl
     return torch.stack([torch.kthvalue(top, k - r + 1).values for r in ranks]).tolist()
 
 
+def _ranked_among_candidates(flat: torch.Tensor, k: int, ranks: list[int], guess: float | None
+                             ) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, list[float]]:
+    """:func:`top_candidates` of ``flat`` and :func:`ranked_magnitudes` among them (among the
+    whole tensor when there are none)."""
+    candidates = top_candidates(flat, k, guess)
+    return candidates, ranked_magnitudes(flat if candidates is None else candidates[1], k, ranks)
+
+
 def top_magnitudes(x: torch.Tensor, k: int, ranks: list[int], guess: float | None = None) -> list[float]:
     """The r-th largest |x| of flat ``x`` for each r of ``ranks`` (1 <= r <= k <= x.numel()):
     :func:`ranked_magnitudes` among :func:`top_candidates` (the tensor without a usable guess)."""
-    candidates = top_candidates(x, k, guess)
-    return ranked_magnitudes(x if candidates is None else candidates[1], k, ranks)
+    return _ranked_among_candidates(x.reshape(-1), k, ranks, guess)[1]
 
 
 def kth_magnitude(x: torch.Tensor, k: int, guess: float | None = None) -> float:
@@ -135,8 +142,7 @@ def select_top(x: torch.Tensor, k: int, guess: float | None = None, also: tuple[
     and [the r-th largest |x| for each r of ``also`` (each <= k)..., t]. The pairs are kept among
     :func:`top_candidates`, which hold every entry with |x| >= t: no second pass over ``x``."""
     flat = x.reshape(-1)
-    candidates = top_candidates(flat, k, guess)
-    ranked = ranked_magnitudes(flat if candidates is None else candidates[1], k, [*also, k])
+    candidates, ranked = _ranked_among_candidates(flat, k, [*also, k], guess)
     if candidates is None:
         idx, vals = select_pairs_at_least(flat, ranked[-1], scratch)
     else:

@@ -11,9 +11,34 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from commlab.launch.netem import Terminated
 
 MASTER_PORT = 29500  # each emulated run has private namespaces: a fixed port cannot collide
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated(signum)
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Within the block, SIGTERM raises :class:`~commlab.launch.netem.Terminated` in the main
+    thread, so that ``finally`` blocks run (SIGTERM's default action skips them: a launcher would
+    orphan its workers, a benchmark leave its scratch folder). Only where nobody has claimed
+    SIGTERM yet (an emulated network claims it for itself), and only in the main thread, the one
+    a signal handler runs in."""
+    claimed = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    if claimed:
+        signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        if claimed:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def worker_env(rank: int, world_size: int, extra: dict) -> dict[str, str]:
@@ -79,39 +104,33 @@ def supervise(procs: list[subprocess.Popen], fail_grace_s: float = 5.0, signal_g
     exception propagates. A failed worker's peers are blocked in a collective and ignore SIGTERM
     until their next control point, so they get only ``fail_grace_s``. ``on_failure(rank, returncode)``
     hears of the first failed worker (a negative code: killed by that signal)."""
-    from commlab.launch.netem import Terminated
+    with sigterm_raises():  # without an emulated network nobody has claimed SIGTERM yet
+        try:
+            return _wait_for_workers(procs, fail_grace_s, on_failure, poll_s)
+        except (Terminated, KeyboardInterrupt) as err:
+            sig = err.signum if isinstance(err, Terminated) else signal.SIGINT
+            print(f"[commlab launch] {signal.Signals(sig).name}: forwarding to the workers",
+                  file=sys.stderr, flush=True)
+            stop_workers(procs, signal_grace_s, sig)
+            raise
 
-    def raise_terminated(signum, frame):
-        raise Terminated(signum)
 
-    # Without an emulated network nobody has claimed SIGTERM yet: claim it, so the workers are not orphaned.
-    claimed = threading.current_thread() is threading.main_thread() and \
-        signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    if claimed:
-        signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        while True:
-            codes = [p.poll() for p in procs]
-            failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
-            if failed:
-                rank, code = failed[0]
-                print(f"[commlab launch] worker rank {rank} failed (exit code {_exit_code(code)}); "
-                      f"stopping the other workers", file=sys.stderr, flush=True)
-                stop_workers(procs, fail_grace_s)
-                if on_failure is not None:
-                    on_failure(rank, code)
-                return _exit_code(code)
-            if all(c == 0 for c in codes):
-                return 0
-            time.sleep(poll_s)
-    except (Terminated, KeyboardInterrupt) as err:
-        sig = err.signum if isinstance(err, Terminated) else signal.SIGINT
-        print(f"[commlab launch] {signal.Signals(sig).name}: forwarding to the workers", file=sys.stderr, flush=True)
-        stop_workers(procs, signal_grace_s, sig)
-        raise
-    finally:
-        if claimed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+def _wait_for_workers(procs: list, fail_grace_s: float, on_failure, poll_s: float) -> int:
+    """0 once every worker has succeeded; at the first failure, the others stopped and its code."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(rank, c) for rank, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            print(f"[commlab launch] worker rank {rank} failed (exit code {_exit_code(code)}); "
+                  f"stopping the other workers", file=sys.stderr, flush=True)
+            stop_workers(procs, fail_grace_s)
+            if on_failure is not None:
+                on_failure(rank, code)
+            return _exit_code(code)
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(poll_s)
 
 
 def run_in_network(net, argv: list[str], extra_env: dict | None = None, log: str | None = None,
