@@ -103,6 +103,13 @@ def test_missing_data_source(tmp_path, capsys):
     assert not (tmp_path / "prep" / "cifar10").exists()
 
 
+def test_unknown_benchmark_and_dataset_name_the_known_ones(tmp_path, capsys):
+    _fails(capsys, ["bench", "nosuch"], "commlab bench:", "unknown benchmark 'nosuch'", "throughput")
+    _fails(capsys, ["data", "prepare", "nosuch", "--out", str(tmp_path / "prep")],
+           "commlab data prepare:", "unknown dataset 'nosuch'", "fashion_mnist")
+    assert not (tmp_path / "prep").exists()
+
+
 # ---- errors a worker sees: nothing recorded is lost ------------------------------------------
 def _tiny_prepared(folder: Path) -> Path:
     """A small prepared Fashion-MNIST-format dataset (real format, random pixels)."""

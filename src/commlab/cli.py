@@ -37,7 +37,11 @@ def _cmd_train(args) -> int:
 def _cmd_data(args) -> int:
     from commlab.registry import DATASETS
 
-    spec = DATASETS.get(args.name)
+    try:
+        spec = DATASETS.get(args.name)
+    except ValueError as err:  # names the known datasets
+        print(f"commlab data prepare: {err}", file=sys.stderr)
+        return 2
     if spec.generated:
         print(f"{args.name} is generated on the fly; nothing to prepare")
         return 0
@@ -65,7 +69,11 @@ def _cmd_bench(args) -> int:
     from commlab.launch.supervise import sigterm_raises
     from commlab.registry import BENCHMARKS
 
-    bench = BENCHMARKS.get(args.name)
+    try:
+        bench = BENCHMARKS.get(args.name)
+    except ValueError as err:  # names the known benchmarks
+        print(f"commlab bench: {err}", file=sys.stderr)
+        return 2
     # A cancelled job (Snakemake, SLURM) gets SIGTERM: unwind as on Ctrl-C, so that the runs'
     # workers are stopped and the scratch folder with its MLflow store is removed.
     try:
