@@ -62,3 +62,24 @@ def test_a_forked_workers_exit_reads_as_a_popen_would():
 def test_only_the_training_worker_is_forked():
     with pytest.raises(ValueError, match="commlab.loop"):
         fork_workers(["-c", "print(1)"], 1, env=lambda rank: {})
+
+
+def test_commlab_launch_starts_the_workers_fork_server_before_it_imports_torch(tmp_path):
+    """The launcher starts the fork server first, so that the server's imports overlap the
+    launcher's own (torch in both): with torch imported by the command line first (the train
+    options' module pulled it in once), every run's workers started about 2 s later."""
+    import subprocess
+    import sys
+
+    config = tmp_path / "run.yaml"
+    config.write_text(yaml.safe_dump({"method": "ssgd", "workers": 2}))
+    probe = ("import sys\n"
+             "import commlab.launch.torchrun as torchrun\n"
+             "def started():\n"
+             "    print('torch imported:', 'torch' in sys.modules)\n"
+             "    sys.exit(0)\n"
+             "torchrun.start_worker_server = started\n"
+             "from commlab.cli import main\n"
+             "main(['launch', '--config', sys.argv[1]])\n")
+    out = subprocess.run([sys.executable, "-c", probe, str(config)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "torch imported: False", out.stdout + out.stderr
