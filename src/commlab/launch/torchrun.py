@@ -111,7 +111,7 @@ def start_worker_server() -> None:
 def start_worker_server_early(config_path: str) -> None:
     """Start the workers' fork server now if the run file asks for one node and no emulated network,
     so that its imports overlap this process's own (validating the config imports torch too):
-    about 3 s less per run on 2 cores (docs/performance.md, section 7). Nothing before it may
+    1-3 s less per run on 2 cores (docs/performance.md, section 7). Nothing before it may
     import torch (the command line, :mod:`commlab.loop`'s package). Only a head start: a wrong
     guess costs a server that exits with this process unused, and :func:`run_torchrun` starts it
     when this did not."""
