@@ -161,19 +161,23 @@ def test_source_tags_outside_a_checkout(monkeypatch):
     assert set(source_tags()) == {"mlflow.source.name", "mlflow.source.type"}
 
 
-def test_a_training_run_carries_scale_source_and_dataset(tmp_path, uri):
-    """A real run of the loop (one worker, generated data) lands in MLflow with the scale as tag
-    and in its name, the source and git tags, the dataset as a run input, model_parameters, and no
-    checkpoint among its artifacts (tracking.log_checkpoints is off by default)."""
+@pytest.mark.parametrize("command, workers", [("train", 1), ("launch", 2)])
+def test_a_training_run_carries_scale_source_and_dataset(tmp_path, uri, command, workers):
+    """A real run of the loop (generated data) lands in MLflow with the scale as tag and in its
+    name, the source and git tags, the dataset as a run input, model_parameters, its metrics, and
+    no checkpoint among its artifacts (tracking.log_checkpoints is off by default): alone
+    (``commlab train``, rank 0 logs itself) and under ``python -m commlab launch``, whose tracking
+    relay makes rank 0's calls (commlab.tracking_relay; no fallback said)."""
     run_yaml = tmp_path / "run.yaml"
     run_yaml.write_text(
         "paper: trackcheck\nname: probe\nmethod: ssgd\nseed: 3\nscale: smoke\nmodel: mlp\ndataset: synthetic\n"
-        f"output_dir: {tmp_path / 'out'}\ntracking: {{uri: '{uri}', experiment: trackcheck}}\n"
+        f"workers: {workers}\noutput_dir: {tmp_path / 'out'}\ntracking: {{uri: '{uri}', experiment: trackcheck}}\n"
         "train: {epochs: 1, max_steps: 4, log_every: 2, batch_size: 16}\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "commlab", "train", "--config", str(run_yaml)],
+    out = subprocess.run([sys.executable, "-m", "commlab", command, "--config", str(run_yaml)],
                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert ("--tracking-relay" in out.stdout) == (command == "launch") and "relay" not in out.stderr
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("trackcheck")
     assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
@@ -184,7 +188,8 @@ def test_a_training_run_carries_scale_source_and_dataset(tmp_path, uri):
         ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"] == str(ENTRY_MODULE)
     assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["synthetic"]
-    assert int(run.data.params["model_parameters"]) > 0
+    assert int(run.data.params["model_parameters"]) > 0 and run.data.tags["workers"] == str(workers)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")] == [2, 4]
     assert run.info.status == "FINISHED"
     artifacts = [a.path for a in client.list_artifacts(run.info.run_id)]
     assert "checkpoint" not in artifacts, artifacts

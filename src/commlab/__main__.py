@@ -1,3 +1,3 @@
 from commlab.cli import main
 
-raise SystemExit(main())
+raise SystemExit(main(as_program=True))

@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, as_program: bool = False) -> int:
+    """The command line's exit status. ``as_program`` (``python -m commlab``): a launch then ends
+    the process at once (:func:`commlab.launch.command.end_process`)."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    rc = args.func(args)
+    if as_program and args.func is _cmd_launch:
+        from commlab.launch.command import end_process
+
+        end_process(rc)
+    return rc

@@ -32,6 +32,10 @@ What the MLflow UI shows besides params and metrics:
 * an emulated network's numeric settings and measurements (``network.bandwidth_mbit``,
   ``network_measured_mbit``, ...) are metrics at step 0, so runs can be charted against link speed.
 
+Under ``commlab launch`` on one node, rank 0's calls are made for it by the launcher, which has
+imported MLflow while the workers started (:mod:`commlab.tracking_relay`): the same calls, in the
+same order, with the same results.
+
 SQLite allows one writer at a time; parallel jobs briefly meet "database is locked". Every store
 call retries such transient errors with exponential backoff (:func:`with_retries`).
 """
@@ -104,6 +108,24 @@ def client(uri: str | None = None):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(uri or tracking_uri())
+
+
+SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # stores MLflow keeps through SQLAlchemy
+
+
+def warm_up(configured: str | None = None) -> None:
+    """Import MLflow's client and, for a database store (``configured``: the config's
+    ``tracking.uri``), its SQL store with its table mappings set up: what a first call spends
+    (about 2 s of CPU), spent ahead of it by the launcher's tracking relay
+    (:mod:`commlab.tracking_relay`). Nothing is read or written: a run that never opens leaves
+    the store as it was."""
+    from mlflow.tracking import MlflowClient  # noqa: F401
+
+    if tracking_uri(configured).startswith(SQL_SCHEMES):
+        from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore  # noqa: F401
+        from sqlalchemy.orm import configure_mappers
+
+        configure_mappers()
 
 
 def paper_title(name: str, papers_dir: str | Path = PAPERS_DIR) -> str | None:

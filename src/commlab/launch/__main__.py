@@ -1,5 +1,5 @@
 """``python -m commlab.launch --config run.yaml``: the same as ``commlab launch``."""
 
-from commlab.launch.command import main
+from commlab.launch.command import end_process, main
 
-raise SystemExit(main())
+end_process(main())

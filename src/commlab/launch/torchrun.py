@@ -44,10 +44,13 @@ def srun_env() -> dict[str, str]:
             if k in keep or not k.startswith(("SLURM_", "SRUN_", "SBATCH_"))}
 
 
-def train_argv(config_path: str, sentinel: str | None, overrides: list[str] = ()) -> list[str]:
-    """``-m commlab.loop`` arguments of one worker (the worker entry point, :mod:`commlab.loop.worker`)."""
+def train_argv(config_path: str, sentinel: str | None, overrides: list[str] = (),
+               relay: str | None = None) -> list[str]:
+    """``-m commlab.loop`` arguments of one worker (the worker entry point, :mod:`commlab.loop.worker`);
+    ``relay``: the launcher's tracking relay (:mod:`commlab.tracking_relay`)."""
     train = ["-m", "commlab.loop", "--config", config_path]
-    return train + (["--sentinel", sentinel] if sentinel else []) + list(overrides)
+    train += ["--sentinel", sentinel] if sentinel else []
+    return train + (["--tracking-relay", relay] if relay else []) + list(overrides)
 
 
 def network_override(net) -> str:
@@ -58,14 +61,16 @@ def network_override(net) -> str:
     return "network=" + json.dumps({**dataclasses.asdict(net.spec), "emulated": net.params}, sort_keys=True)
 
 
-def torchrun_args(config: dict, config_path: str, sentinel: str | None) -> list[str]:
-    """torchrun's arguments that start this run's workers (one node: standalone rendezvous)."""
-    train = train_argv(config_path, sentinel)
+def torchrun_args(config: dict, config_path: str, sentinel: str | None, relay: str | None = None) -> list[str]:
+    """torchrun's arguments that start this run's workers (one node: standalone rendezvous, where
+    the launcher's tracking ``relay`` serves rank 0)."""
     restarts = [f"--max-restarts={config.get('max_restarts', 0)}"]
     if config.get("nodes", 1) == 1:
+        train = train_argv(config_path, sentinel, relay=relay)
         return ["--standalone", f"--nproc-per-node={config['workers']}", *restarts, *train]
     from commlab.config import run_dir
 
+    train = train_argv(config_path, sentinel)  # rank 0 may be on another node: no relay
     job = os.environ.get("SLURM_JOB_ID", "commlab")
     # Each node's agent keeps its workers' error files in the run's folder (a folder per node and
     # job: <run dir>/torchelastic/<job>_*/attempt_<n>/<local rank>), on the file system every node

@@ -38,12 +38,13 @@ class NullLogger:
 
 class RunLogger(NullLogger):
     """Rank 0's MLflow run (:class:`commlab.tracking.RunTracker`): the checkpoint's run reopened,
-    or a new one with the run's tags and ``params`` (the flattened config and what the run adds)."""
+    or a new one with the run's tags and ``params`` (the flattened config and what the run adds).
+    ``relay``: the launcher's tracking relay, which makes the calls (:mod:`commlab.tracking_relay`)."""
 
-    def __init__(self, params: dict, tags: dict[str, str], run_id: str | None):
-        from commlab.tracking import RunTracker
+    def __init__(self, params: dict, tags: dict[str, str], run_id: str | None, relay: str | None = None):
+        from commlab.tracking_relay import open_tracker
 
-        self.tracker = RunTracker(params, tags, run_id=run_id)
+        self.tracker = open_tracker(params, tags, run_id, relay)
         super().__init__(self.tracker.run_id, 0)
         if params.get("scale") and self.tracker.run_id != run_id:  # a new run: the scale in its name
             name = f"{params.get('name') or params['method']}-seed{params['seed']}-{params['scale']}"
@@ -71,12 +72,14 @@ def _never_mask(fn, rank: int, run_id: str | None, status: str) -> None:
               file=sys.stderr, flush=True)
 
 
-def open_logger(config: dict, params: dict, tags: dict[str, str], rt, run_id: str | None) -> NullLogger:
-    """Every rank's logger for this run; ``run_id`` is the checkpoint's run (None on a first start)."""
+def open_logger(config: dict, params: dict, tags: dict[str, str], rt, run_id: str | None,
+                relay: str | None = None) -> NullLogger:
+    """Every rank's logger for this run; ``run_id`` is the checkpoint's run (None on a first start),
+    ``relay`` the launcher's tracking relay (rank 0 logs through it)."""
     tracking = config["tracking"]
     if not tracking.get("enabled", True):
         return NullLogger(run_id, rt.rank)
-    logger = RunLogger(params, tags, run_id) if rt.is_main else None
+    logger = RunLogger(params, tags, run_id, relay) if rt.is_main else None
     if rt.world_size > 1:
         # The others wait for rank 0's MLflow set-up on a group of their own with a generous
         # timeout: a slow tracking server is not a dead peer.

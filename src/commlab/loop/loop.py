@@ -75,10 +75,11 @@ from commlab.models import build_model
 __all__ = ["EXIT_PREEMPTED", "Run", "add_loss", "steps", "train"]
 
 
-def train(config: dict, sentinel=None, options=None) -> dict:
+def train(config: dict, sentinel=None, options=None, tracking_relay: str | None = None) -> dict:
     """Run one experiment; return the final metrics (on every rank). ``options`` are the method's
-    parsed Options (parsed here when not given). A SIGTERM/SIGINT ends the run with a checkpoint
-    and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
+    parsed Options (parsed here when not given); ``tracking_relay``: the launcher's relay that
+    makes rank 0's MLflow calls (:mod:`commlab.tracking_relay`). A SIGTERM/SIGINT ends the run
+    with a checkpoint and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
     rt = init_runtime(config["backend"], config["timeout_s"], config["device"])
     if rt.note and rt.is_main:
         print(f"[commlab] {rt.note}", file=sys.stderr, flush=True)
@@ -88,7 +89,7 @@ def train(config: dict, sentinel=None, options=None) -> dict:
         torch.set_num_threads(config["threads"])
         seed_everything(config["seed"], rt.rank)
         configure_tf32(config["train"])
-        run = Run(config, rt, options)
+        run = Run(config, rt, options, tracking_relay)
         status = "FAILED"
         try:
             steps(run, stop)
@@ -143,7 +144,7 @@ def add_loss(window: torch.Tensor, loss: torch.Tensor) -> None:
 class Run:
     """One rank's experiment: what a step needs, and the step, log point, epoch end and finish."""
 
-    def __init__(self, config: dict, rt, options=None):
+    def __init__(self, config: dict, rt, options=None, tracking_relay: str | None = None):
         self.config, self.rt, self.tcfg = config, rt, config["train"]
         self.out = run_dir(config)
         self.ckpt_dir = self.out / "checkpoints"
@@ -181,7 +182,7 @@ class Run:
                   **self.algo.run_params()}
         if hasattr(data, "test_samples"):  # the evaluation's size: the reports' standard errors need it
             params["test_images"] = data.test_samples
-        self.logger = open_logger(config, params, self.tags(), rt, self.p.run_id)
+        self.logger = open_logger(config, params, self.tags(), rt, self.p.run_id, tracking_relay)
         self.p.run_id = self.logger.run_id
         if rt.is_main and isinstance(self.logger, RunLogger):  # for the launcher, should every worker die
             from commlab.tracking import write_run_record

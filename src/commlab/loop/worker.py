@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="run config YAML (defaults apply to missing keys)")
     parser.add_argument("--sentinel", help="write the run record JSON here (default: <output_dir>/sentinel.json)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--tracking-relay", metavar="SOCKET", help=argparse.SUPPRESS)  # commlab launch's
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
 
 
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from commlab.loop.loop import train
 
     try:
-        train(config, sentinel=args.sentinel, options=options)
+        train(config, sentinel=args.sentinel, options=options, tracking_relay=args.tracking_relay)
     except (FileNotFoundError, ValueError) as err:
         _say_once(f"commlab train: {err}")
         return 2
