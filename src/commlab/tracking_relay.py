@@ -29,14 +29,13 @@ import threading
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 
-RELAY_OPTION = "--tracking-relay"  # the worker's option naming the relay's socket
 _CALLS = ("log_metrics", "flush", "log_artifact", "set_tag", "finish")  # RunTracker's, besides opening
 
 
 class TrackingRelay:
     """The launcher's side: a Unix socket in a private folder, one thread serving one rank 0 at a
-    time (a torchrun restart's rank 0 connects again). ``with TrackingRelay() as relay:`` starts
-    it and removes the socket; ``relay.address`` is what rank 0 is given."""
+    time (a torchrun restart's rank 0 connects again). ``relay.address`` is what rank 0 is given;
+    :meth:`close` stops the thread and removes the socket."""
 
     def __init__(self, uri: str | None = None):
         self.uri = uri  # the config's tracking.uri: the store to warm up
@@ -50,12 +49,6 @@ class TrackingRelay:
         self._closing = False
         self._thread = threading.Thread(target=self._serve, name="commlab-tracking-relay", daemon=True)
         self._thread.start()
-
-    def __enter__(self) -> TrackingRelay:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     def close(self) -> None:
         """Stop serving: the workers have exited by now, so no call is in progress."""
