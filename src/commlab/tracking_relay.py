@@ -96,10 +96,12 @@ def _serve_one(conn: Connection) -> None:
                 params, tags, run_id = args
                 tracker = RunTracker(params, tags, run_id=run_id)
                 result = tracker.run_id
-            elif name in _CALLS and tracker is not None:
-                result = getattr(tracker, name)(*args)
-            else:
+            elif name not in _CALLS:
+                raise RuntimeError(f"tracking relay: {name!r} is not a tracker call")
+            elif tracker is None:
                 raise RuntimeError(f"tracking relay: {name!r} before the run was opened")
+            else:
+                result = getattr(tracker, name)(*args)
             reply = ("ok", result)
         except Exception as err:  # noqa: BLE001 - raised again in rank 0
             reply = ("error", _picklable(err))
@@ -170,10 +172,11 @@ def open_tracker(params: dict, tags: dict[str, str], run_id: str | None, relay: 
 def start_relay(config: dict) -> TrackingRelay | None:
     """A relay for this launch when the run logs to MLflow and a socket can be made here (None
     otherwise: rank 0 then logs directly, as ``commlab train`` does)."""
-    if not (config.get("tracking") or {}).get("enabled", True) or os.name != "posix":
+    tracking = config.get("tracking") or {}
+    if not tracking.get("enabled", True) or os.name != "posix":
         return None
     try:
-        return TrackingRelay((config.get("tracking") or {}).get("uri"))
+        return TrackingRelay(tracking.get("uri"))
     except OSError as err:  # e.g. a TMPDIR whose path is too long for a Unix socket
         print(f"[commlab launch] no tracking relay ({err}); rank 0 logs to MLflow itself", file=sys.stderr, flush=True)
         return None

@@ -176,7 +176,7 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
     # Rank 0's MLflow calls are made here, by a relay that imports MLflow while the workers start.
     relay = start_relay(config) if config.get("nodes", 1) == 1 else None
     try:
-        rc = _launch_workers(config, config_path, sentinel, section, failures, relay and relay.address)
+        rc = _launch_workers(config, config_path, sentinel, section, failures, relay.address if relay else None)
     finally:
         if relay is not None:
             relay.close()
