@@ -186,6 +186,37 @@ def test_selection_benchmark_reports_every_selector(tmp_path, capsys):
     assert "| selector" in capsys.readouterr().out
 
 
+def test_selection_benchmark_calls_every_entry_once_a_round_behind_changing_neighbours(monkeypatch):
+    """What ran just before a call changes its time, so no entry may always follow the same one
+    (a rotated order did); the order is seeded, so a run can be repeated."""
+    from commlab.bench import selection
+
+    def orders(seed):
+        calls = []
+
+        def timed(fn, device, clock=None):
+            calls.append(fn)
+            return 1e-3, fn()
+
+        monkeypatch.setattr(selection, "_timed", timed)
+        stream = selection.TensorStream(4096, torch.device("cpu"), seed=0)
+        rows = selection.measure(stream, 40, calls=6, budget=60.0, min_seconds=0.0, seed=seed)
+        entries = len(rows)
+        assert len(calls) == 6 * entries
+        rounds = [calls[r * entries:(r + 1) * entries] for r in range(6)]
+        assert all(len(set(map(id, r))) == entries for r in rounds)  # each entry once a round
+        first = [id(f) for f in rounds[0]]
+        return [[first.index(id(f)) for f in r] for r in rounds]  # each round as places in the first
+
+    rounds = orders(seed=3)
+    before = {}
+    for r in rounds:
+        for prev, this in zip(r[:-1], r[1:], strict=True):
+            before.setdefault(this, set()).add(prev)
+    assert sum(len(p) > 1 for p in before.values()) >= len(before) // 2
+    assert orders(seed=3) == rounds and orders(seed=4) != rounds
+
+
 @pytest.mark.parametrize("guess", [None, 1e-30, 0.05, 0.5, 1.7, 2.5, 40.0, float("inf")])
 def test_top_magnitudes_from_a_guess_are_torch_topks(guess):
     """Whatever the guess (far below, near, above the k-th largest, none), the r-th largest |x|
