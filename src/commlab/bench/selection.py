@@ -168,7 +168,8 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
                              "fixed: one tensor for every call")
     parser.add_argument("--drift", type=float, default=1.02,
                         help="growth of the drifting stream's noise scale per round (default 1.02)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the tensors and the order of the calls in each round (default 0)")
     add_output_arguments(parser)
     args = parser.parse_args(argv)
     if args.calls < 3 or not 0 < args.density <= 1:
