@@ -100,13 +100,13 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
     names = list(entries)
     times: dict[str, list[float]] = {name: [] for name in names}
     selected: dict[str, list[int]] = {}
-    spent, rounds, order = 0.0, 0, random.Random(seed)
+    spent, rounds, shuffler = 0.0, 0, random.Random(seed)
     while rounds < calls or (spent < min_seconds and rounds < 8 * calls):
         if rounds >= 3 and spent > budget:
             break
         if rounds:
             current[0] = stream.next()
-        for name in order.sample(names, len(names)):
+        for name in shuffler.sample(names, len(names)):
             seconds, out = _timed(entries[name][0], device, CLOCKS[clock])
             times[name].append(seconds)
             spent += seconds
