@@ -2,6 +2,8 @@
 ImageFolder's labels, the checks a run makes, and batches independent of the loader workers."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -67,6 +69,29 @@ def test_batches_do_not_depend_on_loader_workers(folder, tmp_path):
     assert batches[0][0][0].shape == (4, 3, 24, 24) and batches[0][0][0].dtype == torch.float32
     assert torch.equal(batches[0][0][1], data.train.labels[:4])
     assert abs(batches[0][1][0].mean().item()) < 3  # normalised
+
+
+_DECODE_IMPORTS = """
+import sys, torch
+from commlab.data import load_dataset
+from commlab.data.image_folder import TrainImages
+from commlab.loop.batches import StreamedImages
+data = load_dataset("imagenet", sys.argv[1])
+config = {"task": {"image_size": 24}, "loader": {"workers": 2}, "train": {}}
+source = StreamedImages(data, config, 5, torch.device("cpu"))
+before = set(sys.modules)
+TrainImages(data.train, 24, 5)[(0, 0)]
+print(sorted(set(sys.modules) - before))
+"""
+
+
+def test_a_loader_worker_decodes_without_importing(folder, tmp_path):
+    """Every module decoding needs (PIL's format plugins included) is loaded by the rank before it
+    forks its workers: a fresh interpreter imports nothing new on its first decode."""
+    prepare_folder(tmp_path / "prepared" / "imagenet", IMAGENET, str(folder))
+    out = subprocess.run([sys.executable, "-c", _DECODE_IMPORTS, str(tmp_path / "prepared")], capture_output=True,
+                         text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 def test_a_dataset_read_by_path_names_what_its_folder_lacks(tmp_path):

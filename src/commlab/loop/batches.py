@@ -108,8 +108,12 @@ class StreamedImages:
         self.prefetch = loader.get("prefetch_factor", 2)
         self.normalise = normaliser(data.spec.mean, data.spec.std, device)
         # Imported here, once: the workers forked for every epoch inherit it instead of each
-        # importing torchvision (seconds) anew.
+        # importing torchvision (seconds) anew; likewise PIL's format plugins, which its first
+        # Image.open would otherwise import in every new worker (no imports in a forked child).
         import torchvision.transforms.functional  # noqa: F401
+        from PIL import Image
+
+        Image.preinit()
 
     @property
     def n_train(self) -> int:
