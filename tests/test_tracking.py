@@ -18,6 +18,7 @@ from commlab.tracking import (
     EXPERIMENT_KIND_TAG,
     RunTracker,
     ensure_experiments,
+    git_commit,
     paper_title,
     source_tags,
 )
@@ -161,6 +162,48 @@ def test_source_tags_outside_a_checkout(monkeypatch):
     assert set(source_tags()) == {"mlflow.source.name", "mlflow.source.type"}
 
 
+def test_git_commit_outside_a_checkout(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert git_commit() == "unknown"
+
+
+def test_only_a_recording_rank_computes_the_tags():
+    """The run's tags run git: rank 0 with tracking on computes them, no other rank, and no rank
+    with tracking off."""
+    from types import SimpleNamespace
+
+    from commlab.loop.logger import NullLogger, open_logger
+
+    def tags():
+        raise AssertionError("tags computed where nothing records them")
+
+    other_rank = SimpleNamespace(is_main=False, rank=1, world_size=1)
+    assert isinstance(open_logger({"tracking": {"enabled": True}}, {}, tags, other_rank, "r1"), NullLogger)
+    rank0 = SimpleNamespace(is_main=True, rank=0, world_size=1)
+    assert isinstance(open_logger({"tracking": {"enabled": False}}, {}, tags, rank0, None), NullLogger)
+
+
+def _run_without_git(rank, world, config):
+    import commlab.tracking
+    from looprun import run
+
+    def no_git():
+        raise AssertionError(f"rank {rank} ran git for tags nothing records")
+
+    commlab.tracking.git_commit = no_git
+    return run(config)[0]["step"]
+
+
+def test_a_run_without_tracking_runs_no_git(tmp_path):
+    """Two ranks of a real run with tracking off: neither computes the tags (git, on every rank,
+    before the first step)."""
+    from commlab.testing import run_distributed
+    from looprun import run_config
+
+    config = run_config(tmp_path, tmp_path, "nogit", "synthetic", "mlp", 8, **{"train.max_steps": 2})
+    assert run_distributed(_run_without_git, 2, args=(config,), timeout_s=120) == [2, 2]
+
+
 @pytest.mark.parametrize("command, workers", [("train", 1), ("launch", 2)])
 def test_a_training_run_carries_scale_source_and_dataset(tmp_path, uri, command, workers):
     """A real run of the loop (generated data) lands in MLflow with the scale as tag and in its
@@ -184,8 +227,8 @@ def test_a_training_run_carries_scale_source_and_dataset(tmp_path, uri, command,
     (run,) = client.search_runs([experiment.experiment_id])
     tags = run.data.tags
     assert tags["scale"] == "smoke" and tags["mlflow.runName"] == "probe-seed3-smoke"
-    assert tags["mlflow.source.git.commit"] == subprocess.run(
-        ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert tags["mlflow.source.git.commit"] == head and tags["git_commit"].split("-")[0] == head
     assert tags["mlflow.source.type"] == "LOCAL" and tags["mlflow.source.name"] == str(ENTRY_MODULE)
     assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["synthetic"]
     assert int(run.data.params["model_parameters"]) > 0 and run.data.tags["workers"] == str(workers)

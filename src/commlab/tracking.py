@@ -165,25 +165,23 @@ def _experiment_id(c, name: str, description: str | None = None) -> str:
 
 
 def git_commit() -> str:
-    """The commit of the code that runs, with ``-dirty`` when the tree has changes."""
-    try:
-        root = Path(__file__).resolve().parents[2]
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                                text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
-        return commit + ("-dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
+    """The commit of the code that runs, with ``-dirty`` when the tree has changes ("unknown"
+    without git or a checkout)."""
+    commit = _git("rev-parse", "HEAD")
+    if not commit:
         return "unknown"
+    return commit + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _git(*args: str) -> str:
-    """One git command's output in the code's checkout ("" when git or the checkout is absent)."""
+    """One git command's output in the code's checkout ("" when git or the checkout is absent, or
+    when it fails). Bounded: a git stalled on a slow disk must not stall a run's start."""
     try:
-        return subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                              text=True, timeout=30).stdout.strip()
+        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[2], capture_output=True,
+                             text=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 def source_tags() -> dict[str, str]:

@@ -8,6 +8,7 @@ rank 1 can mark the run FAILED when rank 0 died: nobody else would.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -72,14 +73,15 @@ def _never_mask(fn, rank: int, run_id: str | None, status: str) -> None:
               file=sys.stderr, flush=True)
 
 
-def open_logger(config: dict, params: dict, tags: dict[str, str], rt, run_id: str | None,
+def open_logger(config: dict, params: dict, tags: Callable[[], dict[str, str]], rt, run_id: str | None,
                 relay: str | None = None) -> NullLogger:
     """Every rank's logger for this run; ``run_id`` is the checkpoint's run (None on a first start),
-    ``relay`` the launcher's tracking relay (rank 0 logs through it)."""
+    ``relay`` the launcher's tracking relay (rank 0 logs through it). ``tags()`` is called where
+    they are recorded only, on rank 0 with tracking on (they run git)."""
     tracking = config["tracking"]
     if not tracking.get("enabled", True):
         return NullLogger(run_id, rt.rank)
-    logger = RunLogger(params, tags, run_id, relay) if rt.is_main else None
+    logger = RunLogger(params, tags(), run_id, relay) if rt.is_main else None
     if rt.world_size > 1:
         # The others wait for rank 0's MLflow set-up on a group of their own with a generous
         # timeout: a slow tracking server is not a dead peer.

@@ -182,7 +182,7 @@ class Run:
                   **self.algo.run_params()}
         if hasattr(data, "test_samples"):  # the evaluation's size: the reports' standard errors need it
             params["test_images"] = data.test_samples
-        self.logger = open_logger(config, params, self.tags(), rt, self.p.run_id, tracking_relay)
+        self.logger = open_logger(config, params, self.tags, rt, self.p.run_id, tracking_relay)
         self.p.run_id = self.logger.run_id
         if rt.is_main and isinstance(self.logger, RunLogger):  # for the launcher, should every worker die
             from commlab.tracking import write_run_record
