@@ -79,6 +79,11 @@ def test_dead_worker_fails_the_job_naming_the_rank(tmp_path, victim, jobs):
     parents = {Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1] for pid in pids.values()}
     assert len(parents) == 1
     assert "multiprocessing.forkserver" in Path(f"/proc/{parents.pop()}/cmdline").read_text()
+    # SIGUSR1 makes a rank print its threads' stacks into the job's log; it goes on training (the
+    # root cause below is the victim's death, not this rank's).
+    os.kill(pids[(victim + 1) % 4], signal.SIGUSR1)
+    wait_for(lambda: "most recent call first" in log.read_text(), job=job, timeout=30)
+    assert re.search(r'File ".*commlab/loop/\w+\.py", line \d+ in ', log.read_text())
     os.kill(pids[victim], signal.SIGKILL)
     # torchrun stops the survivors (they fail at their next collective, at the latest after
     # TIMEOUT_S) and exits 1; a hang would end in reap's SIGKILL instead (exit 137).

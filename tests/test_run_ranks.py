@@ -23,7 +23,7 @@ def _one_fails_one_hangs(rank, world):
 def test_a_failed_rank_ends_the_wait_with_the_silent_ranks_stacks():
     start = time.monotonic()
     with pytest.raises(RuntimeError) as failure:
-        run_ranks(_one_fails_one_hangs, 2, timeout_s=60, grace_s=3)
+        run_ranks(_one_fails_one_hangs, 2, timeout_s=60, grace_s=1)
     waited = time.monotonic() - start
     message = str(failure.value)
     assert "ValueError: rank one gives up" in message
@@ -72,7 +72,7 @@ def _one_dies(rank, world):
 def test_a_rank_that_dies_silently_is_named_with_its_exit_code():
     start = time.monotonic()
     with pytest.raises(RuntimeError) as failure:
-        run_ranks(_one_dies, 2, timeout_s=60, grace_s=3)
+        run_ranks(_one_dies, 2, timeout_s=60, grace_s=1)
     assert "rank 1: exited with code 3 before it reported" in str(failure.value)
     assert "rank 0 did not finish" in str(failure.value)
     assert time.monotonic() - start < 60

@@ -9,13 +9,16 @@ every rank hits the same error).
 Every worker names its process after its rank, ``commlab-rank<N>`` (:data:`WORKER_NAME`): the
 workers of one node are forked from one fork server and share its command line, so in ``ps``,
 ``top`` or ``htop`` (and ``/proc/<pid>/comm``) the name is what tells the ranks apart, e.g. to
-watch one rank's CPU or to signal one rank.
+watch one rank's CPU or to signal one rank. ``kill -USR1`` a rank prints where each of its
+threads is to its stderr (the run's log under ``commlab launch``), and the run goes on.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import sys
 
 
@@ -54,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from commlab.loop.heap import keep_freed_memory
 
     name_process(int(os.environ.get("RANK", "0")))  # torchrun's agent set RANK in this process
+    # A rank that seems hung (a collective, a loader worker, a file system) tells where it is
+    # without a debugger or py-spy on the node; its loader workers inherit the handler.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         keep_freed_memory()  # before the run allocates: freed tensors stay in the heap (loop/heap.py)
     except ValueError as err:  # a malformed COMMLAB_MALLOC / MALLOC_*_ variable
