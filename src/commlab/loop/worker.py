@@ -46,6 +46,17 @@ def name_process(rank: int) -> None:
         pass
 
 
+def stacks_on_sigusr1() -> None:
+    """SIGUSR1 prints every thread's stack to the process's stderr (fd 2, also when ``sys.stderr``
+    is replaced, as under ``commlab train`` called in-process): a rank that seems hung (a collective,
+    a loader worker, a file system) tells where it is without a debugger or py-spy on the node. Its
+    loader workers inherit the handler."""
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    except (AttributeError, ValueError, OSError, RuntimeError):  # no stderr at all, or no SIGUSR1 here
+        pass
+
+
 def _say_once(message: str) -> None:
     if os.environ.get("RANK", "0") == "0":
         print(message, file=sys.stderr)
@@ -57,9 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from commlab.loop.heap import keep_freed_memory
 
     name_process(int(os.environ.get("RANK", "0")))  # torchrun's agent set RANK in this process
-    # A rank that seems hung (a collective, a loader worker, a file system) tells where it is
-    # without a debugger or py-spy on the node; its loader workers inherit the handler.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    stacks_on_sigusr1()
     try:
         keep_freed_memory()  # before the run allocates: freed tensors stay in the heap (loop/heap.py)
     except ValueError as err:  # a malformed COMMLAB_MALLOC / MALLOC_*_ variable
