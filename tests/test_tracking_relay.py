@@ -116,6 +116,20 @@ def test_rank_0_logs_directly_when_the_relay_does_not_answer(tmp_path, uri, caps
     assert MlflowClient(uri).get_run(tracker.run_id).info.status == "FINISHED"
 
 
+def test_the_printed_command_runs_the_workers_without_the_launchers_relay(monkeypatch, capsys):
+    """The workers get the relay; the printed torchrun line, which a user may run again by hand after
+    the launcher (and its relay's socket) are gone, does not."""
+    from commlab.launch import command
+
+    started = []
+    monkeypatch.setattr(command, "run_torchrun", lambda args, on_failure: started.append(args) or 0)
+    assert command._launch_workers({"workers": 2}, "run.yaml", None, None, command.FailureRecord(),
+                                   relay="/tmp/relay.sock") == 0
+    printed = capsys.readouterr().out.strip()
+    assert started[0][-2:] == ["--tracking-relay", "/tmp/relay.sock"]
+    assert printed == "[commlab launch] " + " ".join(command.TORCHRUN + started[0][:-2])
+
+
 def test_rank_0_opens_its_run_through_the_relay_without_importing_mlflow(tmp_path, uri, relay):
     """The point of the relay: rank 0 spends none of MLflow's import (about 2 s of CPU)."""
     probe = (

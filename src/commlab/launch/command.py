@@ -202,9 +202,10 @@ def _launch_workers(config: dict, config_path: str, sentinel: str | None, sectio
         cmd = srun_command(config["nodes"]) + TORCHRUN + args
         print("[commlab launch] " + " ".join(cmd), flush=True)
         return subprocess.call(cmd, env=srun_env())
-    args = torchrun_args(config, config_path, sentinel, relay)
-    print("[commlab launch] " + " ".join(TORCHRUN + args), flush=True)
-    return run_torchrun(args, on_failure=failures)
+    # Printed without the relay: its socket ends with this launcher, so the line is the command
+    # to run the workers again by hand (rank 0 then opens the MLflow run itself).
+    print("[commlab launch] " + " ".join(TORCHRUN + torchrun_args(config, config_path, sentinel)), flush=True)
+    return run_torchrun(torchrun_args(config, config_path, sentinel, relay), on_failure=failures)
 
 
 def end_process(rc: int) -> NoReturn:

@@ -93,15 +93,21 @@ def _descendants(pid: int) -> list[int]:
     return children + [d for c in children for d in _descendants(c)]
 
 
+def _signal_tree(pid: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` and its descendants, listed before any is signalled (a killed
+    parent's children are re-parented and drop out of its list)."""
+    for each in [pid, *_descendants(pid)]:
+        try:
+            os.kill(each, sig)
+        except OSError:  # gone meanwhile
+            pass
+
+
 def _stacks_of(procs: dict, stacks: Path, waited_s: float) -> str:
     """Where each process of ``procs`` (rank -> process) and its children are: SIGUSR1 makes them
     write their threads' stacks to ``stacks``/rank-N.txt."""
     for proc in procs.values():
-        for pid in [proc.pid, *_descendants(proc.pid)]:
-            try:
-                os.kill(pid, signal.SIGUSR1)
-            except OSError:  # gone meanwhile
-                pass
+        _signal_tree(proc.pid, signal.SIGUSR1)
     time.sleep(1.0)  # the handlers write at once; a second is ample
     parts = []
     for rank in procs:
@@ -168,11 +174,7 @@ def run_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 60.0,
                 p.join(timeout=10)
             if p.is_alive():
                 # Its children too: a hung loader worker outlives its killed parent otherwise.
-                for pid in [p.pid, *_descendants(p.pid)]:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except OSError:
-                        pass
+                _signal_tree(p.pid, signal.SIGKILL)
                 p.join(timeout=10)
         shutil.rmtree(stacks, ignore_errors=True)
     if errors:
