@@ -11,6 +11,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from commlab.config import DEFAULTS, deep_merge
+from commlab.launch.command import RELAY_REMARK
 from commlab.tracking import (
     DESCRIPTION_TAG,
     ENTRY_MODULE,
@@ -220,7 +221,7 @@ def test_a_training_run_carries_scale_source_and_dataset(tmp_path, uri, command,
     out = subprocess.run([sys.executable, "-m", "commlab", command, "--config", str(run_yaml)],
                          capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert ("--tracking-relay" in out.stdout) == (command == "launch") and "relay" not in out.stderr
+    assert (RELAY_REMARK in out.stdout) == (command == "launch") and "relay" not in out.stderr
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("trackcheck")
     assert experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND

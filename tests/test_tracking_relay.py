@@ -127,7 +127,7 @@ def test_the_printed_command_runs_the_workers_without_the_launchers_relay(monkey
                                    relay="/tmp/relay.sock") == 0
     printed = capsys.readouterr().out.strip()
     assert started[0][-2:] == ["--tracking-relay", "/tmp/relay.sock"]
-    assert printed == "[commlab launch] " + " ".join(command.TORCHRUN + started[0][:-2])
+    assert printed == "[commlab launch] " + " ".join(command.TORCHRUN + started[0][:-2]) + "  " + command.RELAY_REMARK
 
 
 def test_rank_0_opens_its_run_through_the_relay_without_importing_mlflow(tmp_path, uri, relay):

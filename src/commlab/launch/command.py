@@ -184,6 +184,9 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
     return rc
 
 
+RELAY_REMARK = "# rank 0's MLflow calls go through this launcher (--tracking-relay)"
+
+
 def _launch_workers(config: dict, config_path: str, sentinel: str | None, section: dict | None,
                     failures: FailureRecord, relay: str | None = None) -> int:
     """Start the run's workers (emulated network, several nodes through srun, or torchrun here;
@@ -202,9 +205,10 @@ def _launch_workers(config: dict, config_path: str, sentinel: str | None, sectio
         cmd = srun_command(config["nodes"]) + TORCHRUN + args
         print("[commlab launch] " + " ".join(cmd), flush=True)
         return subprocess.call(cmd, env=srun_env())
-    # Printed without the relay: its socket ends with this launcher, so the line is the command
-    # to run the workers again by hand (rank 0 then opens the MLflow run itself).
-    print("[commlab launch] " + " ".join(TORCHRUN + torchrun_args(config, config_path, sentinel)), flush=True)
+    # Printed without the relay, whose socket ends with this launcher: the line is the command to
+    # run the workers again by hand (rank 0 then opens the MLflow run itself); a comment says it.
+    print("[commlab launch] " + " ".join(TORCHRUN + torchrun_args(config, config_path, sentinel))
+          + (f"  {RELAY_REMARK}" if relay else ""), flush=True)
     return run_torchrun(torchrun_args(config, config_path, sentinel, relay), on_failure=failures)
 
 
