@@ -124,19 +124,31 @@ def test_the_triton_kernels_are_used_on_cuda_float32():
     assert scan._gpu_kernels(large.bfloat16()) is None
 
 
-@pytest.mark.parametrize("any_size", [True, False])
-def test_threshold_estimation_on_a_drifting_stream_selects_on_cuda_what_it_selects_on_the_cpu(any_size, monkeypatch):
-    """Step by step, the same entries and the same threshold on CUDA as on the CPU: the exact
-    first step, reused thresholds, the nudges, and the guard's raises, which on CUDA the selection
-    kernel counts as it writes the entries and keeps with the count known (no further read); on
-    torch's passes too (this tensor is below the kernels' size)."""
-    from commlab.compress import gpu_kernels
+# The estimator's option sets run on CUDA: the default (exact every 32 steps, guarded), exact
+# every 3 steps (so that steps from a guess run: candidates, keeping among them, their ranks),
+# and Ok-Topk's bounded control (the cap's top-k among the selected and its order statistics).
+ESTIMATORS = {"guarded": {}, "guarded_tau3": {"recompute_every": 3},
+              "capped_tau3": {"recompute_every": 3, "guard_loops": 0, "cap": 1.0}}
 
-    if any_size:
-        monkeypatch.setattr(gpu_kernels, "MIN_ELEMENTS", 0)
+
+@pytest.mark.parametrize("min_elements", [0, None, 100_000], ids=["kernels", "default_size", "mixed"])
+@pytest.mark.parametrize("options", list(ESTIMATORS))
+def test_threshold_estimation_on_a_drifting_stream_selects_on_cuda_what_it_selects_on_the_cpu(
+        options, min_elements, monkeypatch):
+    """Step by step, the same entries, threshold and counters on CUDA as on the CPU: the exact
+    steps, reused thresholds, the nudges, the guard's raises (which on CUDA the selection kernel
+    counts as it writes the entries, kept with the count known) and the cap's corrections; with
+    the kernels at every size, at their default size (this tensor is below it: torch's passes),
+    and mixed (the tensor through the kernels, a guard's or candidates' subset through torch's)."""
+    from commlab.compress import gpu_kernels
+    from commlab.compress.threshold import ThresholdOptions
+
+    if min_elements is not None:
+        monkeypatch.setattr(gpu_kernels, "MIN_ELEMENTS", min_elements)
     g = torch.Generator().manual_seed(5)
     x = heavy_tailed(300_000, seed=5)
-    on_cpu, on_gpu = SELECTORS.get("threshold_estimation")(), SELECTORS.get("threshold_estimation")()
+    make = SELECTORS.get("threshold_estimation")
+    on_cpu, on_gpu = make(ThresholdOptions(**ESTIMATORS[options])), make(ThresholdOptions(**ESTIMATORS[options]))
     k, raises = 3_000, 0
     for step in range(12):
         before = on_cpu.threshold
@@ -145,7 +157,28 @@ def test_threshold_estimation_on_a_drifting_stream_selects_on_cuda_what_it_selec
         assert on_gpu.threshold == on_cpu.threshold, step
         raises += before is not None and on_cpu.threshold > before * 1.012 * 1.0001  # beyond a nudge: the guard
         x = 0.9 * x + 1.15 ** step * torch.randn(x.shape, generator=g)
-    assert raises >= 2
+    cpu, gpu = on_cpu.estimator, on_gpu.estimator
+    assert (gpu.exact_computations, gpu.recomputes) == (cpu.exact_computations, cpu.recomputes)
+    assert cpu.recomputes >= 2 if options.startswith("capped") else raises >= 2  # the branches ran
+
+
+def test_a_selection_at_the_kernels_default_size_selects_as_torch_passes_do():
+    """From gpu_kernels.MIN_ELEMENTS entries up a selection runs the kernels without any setting
+    (over a thousand blocks): pairs and a guard's choice as torch's passes give them."""
+    from commlab.compress import gpu_kernels, scan
+
+    x = special_values(gpu_kernels.MIN_ELEMENTS + 3, seed=8).cuda()
+    for t in (0.5, 3.0):
+        raises = [t * 1.03 ** j for j in range(1, 6)]
+        with scan.portable_passes():
+            want_idx, want_vals = scan.select_pairs_at_least(x, t)
+            want_counts = scan.counts_at_least(x, raises)
+        idx, vals = scan.select_pairs_at_least(x, t, scan.Scratch())
+        assert torch.equal(idx, want_idx) and torch.equal(vals.view(torch.int32), want_vals.view(torch.int32)), t
+        idx, vals, j = scan.select_pairs_guarded(x, t, raises, want_counts[1], scan.Scratch())
+        assert j == 1 and vals.numel() == want_counts[1], t
+        with scan.portable_passes():
+            assert torch.equal(idx, scan.select_at_least(x, raises[1])), t
 
 
 def test_a_guarded_selection_counts_its_raises_on_cuda_as_torch_passes_do(kernels_at_any_size):

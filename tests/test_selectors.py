@@ -17,6 +17,8 @@ from commlab.compress.threshold import (
     ThresholdEstimator,
     ThresholdOptions,
     ThresholdSelector,
+    _largest_by_selection,
+    _largest_by_sort,
     kth_largest,
     kth_magnitude,
     select_top,
@@ -122,6 +124,34 @@ def test_capped_selection_matches_its_rule_written_out():
         assert torch.equal(idx, pos) and torch.equal(got, vals), step
         assert est.value == value and est.exact_computations == exact and est.recomputes == recomputes, step
     assert kinds == {"due", "low", "high", "kept"}  # every branch ran
+
+
+def test_a_cap_above_two_minus_lower_recomputes_at_the_kth_largest():
+    """With the band's middle above k (cap 2, lower 3/4: 11k/8), a recompute from below ranks
+    the top k only: the threshold kept is the exact k-th largest, which selects k, inside the band."""
+    est = ThresholdEstimator(ThresholdOptions(recompute_every=100, guard_loops=0, cap=2.0))
+    x, k = sample(20_000, seed=4), 200
+    est.select_pairs(x, k, 0)
+    idx, vals = est.select_pairs(x * 0.5, k, 1)  # the reused threshold passes fewer than 3k/4
+    want = torch.topk((x * 0.5).abs(), k, sorted=True).values
+    assert est.recomputes == 1 and est.value == float(want[-1])
+    assert idx.numel() == k and torch.equal(vals.abs().sort().values, want.sort().values)
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 1_000])
+def test_order_statistics_by_sort_are_those_by_selection(n):
+    """The GPU's way to the r-th largest (one sort) and the CPU's (kthvalue per rank) agree
+    bit for bit, with ties, zeros, infinities and NaN (the largest), and equal torch.topk's."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.round(torch.randn(n, generator=g) * 8).abs() / 8
+    for special in ([], [math.inf], [math.nan], [math.nan, math.inf, 0.0, math.nan]):
+        y, m = x.clone(), min(n, len(special))
+        y[:m] = torch.tensor(special[:m])
+        ranks = sorted({1, (n + 1) // 2, n, min(n, 3)})
+        by_sort, by_selection = _largest_by_sort(y, ranks), _largest_by_selection(y, ranks)
+        want = torch.topk(y, n, sorted=True).values[[r - 1 for r in ranks]]
+        for got in (by_sort, by_selection):
+            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (n, special, ranks, got, want)
 
 
 def test_density_one_selects_every_nonzero():

@@ -108,11 +108,32 @@ def top_candidates(x: torch.Tensor, k: int, guess: float | None = None
 def ranked_magnitudes(values: torch.Tensor, k: int, ranks: list[int]) -> list[float]:
     """The r-th largest |values| for each r of ``ranks`` (1 <= r <= k <= values.numel()), read on
     the host at once: exactly ``torch.topk(values.abs(), k, sorted=True).values[r - 1]`` (NaN
-    counts as the largest, as there). One unsorted top-k and one order statistic of its k values
-    per rank: sorting the k values cost 10 times the unsorted top-k (4,400 of 4,800 on one CPU
-    thread: 265 us against 21 us, and 18 us for the order statistic)."""
+    counts as the largest, as there). One unsorted top-k, then :func:`largest_at_ranks` of its k
+    values."""
     top = torch.topk(values.reshape(-1).abs(), k, sorted=False).values
-    return torch.stack([torch.kthvalue(top, k - r + 1).values for r in ranks]).tolist()
+    return largest_at_ranks(top, ranks).tolist()
+
+
+def largest_at_ranks(values: torch.Tensor, ranks: list[int]) -> torch.Tensor:
+    """The r-th largest of 1-D ``values`` for each r of ``ranks`` (1 <= r <= values.numel()), NaN
+    the largest, as a tensor on values' device. On the CPU one order statistic per rank: sorting
+    cost 10 times an unsorted top-k there (4,400 of 4,800 on one thread: 265 us against 21 us, and
+    18 us for ``torch.kthvalue``). Elsewhere one sort serves every rank: CUDA's kthvalue runs one
+    thread block per slice, a radix select that reads the slice about 16 times on one SM
+    (pytorch/pytorch#75599: 20 times slower than a sort of 100M), where the sort uses the GPU."""
+    if values.device.type == "cpu":
+        return _largest_by_selection(values, ranks)
+    return _largest_by_sort(values, ranks)
+
+
+def _largest_by_selection(values: torch.Tensor, ranks: list[int]) -> torch.Tensor:
+    n = values.numel()
+    return torch.stack([torch.kthvalue(values, n - r + 1).values for r in ranks])
+
+
+def _largest_by_sort(values: torch.Tensor, ranks: list[int]) -> torch.Tensor:
+    ordered = torch.sort(values, descending=True).values  # NaN first: the largest, as for kthvalue
+    return torch.stack([ordered[r - 1] for r in ranks])  # views: no index tensor copied to the device
 
 
 def _ranked_among_candidates(flat: torch.Tensor, k: int, ranks: list[int], guess: float | None
@@ -225,9 +246,11 @@ class ThresholdEstimator:
         else:
             idx, vals = select_pairs_at_least(x, self.value, self.scratch)
             if idx.numel() < o.lower * k and k < x.numel():
-                # the reused threshold passes too few: it is a guess from above of the exact one
+                # the reused threshold passes too few: it is a guess from above of the exact one;
+                # the recompute ranks the top k only, so a band's middle above k (a cap above
+                # 2 - lower) keeps the k-th largest, which selects k, inside the band too
                 self.recomputes += 1
-                idx, vals, ranked = self._exact(x, k, also=(aim,))
+                idx, vals, ranked = self._exact(x, k, also=(min(aim, k),))
                 self.value = ranked[0]
         if idx.numel() > cap:   # ties at an exact threshold, or a reused one fallen behind
             # unsorted: the same entries as a sorted top-k (the sort only orders them), 10x cheaper
@@ -236,7 +259,7 @@ class ThresholdEstimator:
             idx, vals = idx[order], vals[order]
             if not due:
                 self.recomputes += 1
-                self.value = float(torch.kthvalue(top.values, cap - min(aim, cap) + 1).values)
+                self.value = float(largest_at_ranks(top.values, [min(aim, cap)])[0])
         return idx, vals
 
     def _exact(self, x: torch.Tensor, k: int, also: tuple[int, ...] = ()
