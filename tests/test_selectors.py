@@ -17,7 +17,7 @@ from commlab.compress.threshold import (
     ThresholdEstimator,
     ThresholdOptions,
     ThresholdSelector,
-    _largest_by_selection,
+    _largest_by_partition,
     _largest_by_sort,
     kth_largest,
     kth_magnitude,
@@ -138,20 +138,38 @@ def test_a_cap_above_two_minus_lower_recomputes_at_the_kth_largest():
     assert idx.numel() == k and torch.equal(vals.abs().sort().values, want.sort().values)
 
 
-@pytest.mark.parametrize("n", [1, 2, 7, 1_000])
-def test_order_statistics_by_sort_are_those_by_selection(n):
-    """The GPU's way to the r-th largest (one sort) and the CPU's (kthvalue per rank) agree
-    bit for bit, with ties, zeros, infinities and NaN (the largest), and equal torch.topk's."""
+@pytest.mark.parametrize("n", [1, 2, 7, 1_000, 30_000])
+def test_order_statistics_by_partition_and_by_sort_are_torch_topks(n):
+    """The CPU's way to the r-th largest (numpy's partition) and the GPU's (one sort) give
+    torch.topk's sorted values bit for bit, with ties, zeros, infinities and NaN (the largest),
+    on values in the order an unsorted torch.topk leaves them (kthvalue's worst case)."""
     g = torch.Generator().manual_seed(n)
-    x = torch.round(torch.randn(n, generator=g) * 8).abs() / 8
+    x = torch.topk(torch.round(torch.randn(3 * n, generator=g) * 8).abs() / 8, n, sorted=False).values
     for special in ([], [math.inf], [math.nan], [math.nan, math.inf, 0.0, math.nan]):
         y, m = x.clone(), min(n, len(special))
         y[:m] = torch.tensor(special[:m])
-        ranks = sorted({1, (n + 1) // 2, n, min(n, 3)})
-        by_sort, by_selection = _largest_by_sort(y, ranks), _largest_by_selection(y, ranks)
+        ranks = sorted({1, (n + 1) // 2, n, min(n, 3), math.ceil(7 * n / 8)})
         want = torch.topk(y, n, sorted=True).values[[r - 1 for r in ranks]]
-        for got in (by_sort, by_selection):
-            assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (n, special, ranks, got, want)
+        for got in (_largest_by_partition(y, ranks), _largest_by_sort(y, ranks)):
+            assert torch.equal(bits(got), want.view(torch.int32)), (n, special, ranks)
+    assert torch.equal(bits(_largest_by_partition(y.bfloat16(), [1, n])), bits(_largest_by_sort(y.bfloat16(), [1, n])))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
+def test_order_statistics_keep_the_values_dtype(dtype):
+    """float64 values float32 cannot hold, and float16, come back exactly as torch.topk's (a
+    float64 threshold rounded to float32 would select a different set)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.topk(torch.randn(3_000, generator=g, dtype=torch.float64).abs(), 1_000, sorted=False).values.to(dtype)
+    ranks = [1, 125, 875, 1_000]
+    want = torch.topk(x, 1_000, sorted=True).values[[r - 1 for r in ranks]].tolist()
+    assert dtype != torch.float64 or want != torch.tensor(want).float().double().tolist()
+    assert _largest_by_partition(x, ranks) == want and _largest_by_sort(x, ranks) == want
+
+
+def bits(values: list[float]) -> torch.Tensor:
+    """float32 bit patterns: equal where the values are, NaN included."""
+    return torch.tensor(values, dtype=torch.float32).view(torch.int32)
 
 
 def test_density_one_selects_every_nonzero():
@@ -213,7 +231,20 @@ def test_selection_benchmark_reports_every_selector(tmp_path, capsys):
     for r in records:
         assert r["ratio_topk"] > 0 and r["ratio_read"] > 0
         assert r["selector"] == "read (x.sum)" or r["selected"] > 0
-    assert "| selector" in capsys.readouterr().out
+    [ranked] = json.loads(out.read_text())["order_statistics"]
+    assert ranked["k"] == 200 and min(ranked[f"{way}_s"] for way in ("kthvalue", "partition", "sort")) > 0
+    printed = capsys.readouterr().out
+    assert "| selector" in printed and "| partition ms" in printed
+
+
+def test_selection_benchmark_leaves_the_cpus_kthvalue_out_above_its_limit(monkeypatch):
+    from commlab.bench import selection as bench
+
+    monkeypatch.setattr(bench, "MAX_CPU_KTHVALUE", 100)
+    x = torch.randn(1_000, generator=torch.Generator().manual_seed(0))
+    below, above = bench.order_statistics(x, 100, 2), bench.order_statistics(x, 101, 2)
+    assert below["kthvalue_s"] > 0 and "kthvalue_s" not in above
+    assert min(above["partition_s"], above["sort_s"]) > 0
 
 
 def test_selection_benchmark_calls_every_entry_once_a_round_behind_changing_neighbours(monkeypatch):

@@ -18,6 +18,11 @@ that reuses a threshold pays for its corrections, and one that does not correct 
 or too few: ``selected_over_k`` is the median count over k and ``selected_over_k_max`` the worst
 call. ``--stream fixed`` calls every entry on one tensor (the lower bound of a reused threshold).
 
+Beside them, ``order_statistics``: the two order statistics a capped correction of Ok-Topk's reads
+from the top-k values (the ⌈7k/8⌉-th and k-th largest), by ``torch.kthvalue`` per rank, by numpy's
+partition (the CPU's way) and by one sort (the GPU's; :func:`commlab.compress.threshold.largest_at_ranks`),
+in alternating order.
+
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
 median / read (both < 1 is impossible for ratio_read: it is the floor), and each entry's
 ``bytes_per_element``: the bytes its torch calls read and write in one steady-state call, over n,
@@ -33,6 +38,7 @@ CUDA are synchronised around every call.
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 import time
@@ -43,6 +49,7 @@ from commlab.bench.common import add_output_arguments, bench_parser, md_table, p
 from commlab.bench.opcount import TrafficCounter
 from commlab.compress.base import k_for_density
 from commlab.compress.scan import portable_passes
+from commlab.compress.threshold import _largest_by_partition, _largest_by_sort
 from commlab.registry import BENCHMARKS, SELECTORS
 
 DEFAULT_SIZES = [1_000_000, 10_000_000, 100_000_000]
@@ -145,6 +152,33 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
     return rows
 
 
+MAX_CPU_KTHVALUE = 100_000
+
+
+def _largest_by_kthvalue(values: torch.Tensor, ranks: list[int]) -> list[float]:
+    return torch.stack([torch.kthvalue(values, values.numel() - r + 1).values for r in ranks]).tolist()
+
+
+def order_statistics(x: torch.Tensor, k: int, rounds: int, clock: str = "wall") -> dict:
+    """Median seconds of the ⌈7k/8⌉-th and k-th largest of |x|'s top-k values (in the order an
+    unsorted top-k leaves them) by kthvalue per rank, by numpy's partition (CPU only) and by one
+    sort, each called ``rounds`` times in alternating order (the first call of each apart).
+    kthvalue is left out on the CPU above k = 100,000: quadratic there, it would take about 40 s
+    a call at 100M elements (k = 1M)."""
+    top = torch.topk(x.abs(), k, sorted=False).values
+    ranks = sorted({math.ceil(7 * k / 8), k})
+    ways = {"sort": _largest_by_sort}
+    if x.device.type != "cpu" or k <= MAX_CPU_KTHVALUE:
+        ways["kthvalue"] = _largest_by_kthvalue
+    if x.device.type == "cpu":
+        ways["partition"] = _largest_by_partition
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for r in range(rounds + 1):
+        for name in (list(ways) if r % 2 else list(ways)[::-1]):
+            times[name].append(_timed(lambda way=ways[name]: way(top, ranks), x.device, CLOCKS[clock])[0])
+    return {"k": k, **{f"{name}_s": statistics.median(ts[1:]) for name, ts in times.items()}}
+
+
 @BENCHMARKS.register("selection")
 def selection(argv: list[str], json_path: str | None = None) -> int:
     """Exact top-k vs threshold estimation vs Gaussian-k vs every other registered selector."""
@@ -182,7 +216,7 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    results, skipped = [], []
+    results, skipped, ranked = [], [], []
     for dev in devices:
         device = torch.device(dev)
         for n in args.sizes:
@@ -190,6 +224,8 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
             try:
                 stream = TensorStream(n, device, args.seed, args.stream == "drifting", args.drift)
                 rows = measure(stream, k, args.calls, args.budget, clock=args.clock, seed=args.seed)
+                ranked.append({"device": dev, "elements": n,
+                               **order_statistics(stream.x, k, max(args.calls, 5), args.clock)})
             except (RuntimeError, MemoryError) as err:  # out of memory at the largest sizes
                 skipped.append({"device": dev, "elements": n, "reason": str(err).splitlines()[0]})
                 continue
@@ -216,9 +252,16 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
                            ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("bytes_per_element", "bytes/elem"),
                            ("selected_over_k", "selected / k"),
                            ("selected_over_k_max", "worst / k")])]
+    md += ["", "The ⌈7k/8⌉-th and k-th largest of the top-k values (a capped correction of Ok-Topk's), median ms: "
+           "torch.kthvalue per rank, numpy's partition (the CPU's way), one sort (a GPU's).", "",
+           md_table([{**r, **{f"{w}_ms": 1000 * r[f"{w}_s"] for w in ("kthvalue", "partition", "sort")
+                              if f"{w}_s" in r}} for r in ranked],
+                    [("device", "device"), ("elements", "n"), ("k", "k"), ("kthvalue_ms", "kthvalue ms"),
+                     ("partition_ms", "partition ms"), ("sort_ms", "sort ms")])]
     md += [f"\nNot measured: {s['device']} {s.get('elements', '')}: {s['reason']}" for s in skipped]
     payload = {"density": args.density, "calls": args.calls, "budget_s": args.budget, "clock": args.clock,
                "stream": args.stream, "drift": args.drift if args.stream == "drifting" else None,
-               "threads": torch.get_num_threads(), "results": results, "skipped": skipped}
+               "threads": torch.get_num_threads(), "results": results, "order_statistics": ranked,
+               "skipped": skipped}
     write_report("selection", payload, "\n".join(md), args.json_path or json_path, args.out_dir)
     return 0
