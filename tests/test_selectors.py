@@ -17,10 +17,10 @@ from commlab.compress.threshold import (
     ThresholdEstimator,
     ThresholdOptions,
     ThresholdSelector,
-    _largest_by_partition,
-    _largest_by_sort,
     kth_largest,
     kth_magnitude,
+    largest_by_partition,
+    largest_by_sort,
     select_top,
     top_candidates,
     top_magnitudes,
@@ -150,9 +150,9 @@ def test_order_statistics_by_partition_and_by_sort_are_torch_topks(n):
         y[:m] = torch.tensor(special[:m])
         ranks = sorted({1, (n + 1) // 2, n, min(n, 3), math.ceil(7 * n / 8)})
         want = torch.topk(y, n, sorted=True).values[[r - 1 for r in ranks]]
-        for got in (_largest_by_partition(y, ranks), _largest_by_sort(y, ranks)):
+        for got in (largest_by_partition(y, ranks), largest_by_sort(y, ranks)):
             assert torch.equal(bits(got), want.view(torch.int32)), (n, special, ranks)
-    assert torch.equal(bits(_largest_by_partition(y.bfloat16(), [1, n])), bits(_largest_by_sort(y.bfloat16(), [1, n])))
+    assert torch.equal(bits(largest_by_partition(y.bfloat16(), [1, n])), bits(largest_by_sort(y.bfloat16(), [1, n])))
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float16])
@@ -164,7 +164,7 @@ def test_order_statistics_keep_the_values_dtype(dtype):
     ranks = [1, 125, 875, 1_000]
     want = torch.topk(x, 1_000, sorted=True).values[[r - 1 for r in ranks]].tolist()
     assert dtype != torch.float64 or want != torch.tensor(want).float().double().tolist()
-    assert _largest_by_partition(x, ranks) == want and _largest_by_sort(x, ranks) == want
+    assert largest_by_partition(x, ranks) == want and largest_by_sort(x, ranks) == want
 
 
 def bits(values: list[float]) -> torch.Tensor:

@@ -21,7 +21,7 @@ call. ``--stream fixed`` calls every entry on one tensor (the lower bound of a r
 Beside them, ``order_statistics``: the two order statistics a capped correction of Ok-Topk's reads
 from the top-k values (the ⌈7k/8⌉-th and k-th largest), by ``torch.kthvalue`` per rank, by numpy's
 partition (the CPU's way) and by one sort (the GPU's; :func:`commlab.compress.threshold.largest_at_ranks`),
-in alternating order.
+in shuffled rounds like the selectors'.
 
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
 median / read (both < 1 is impossible for ratio_read: it is the floor), and each entry's
@@ -49,7 +49,7 @@ from commlab.bench.common import add_output_arguments, bench_parser, md_table, p
 from commlab.bench.opcount import TrafficCounter
 from commlab.compress.base import k_for_density
 from commlab.compress.scan import portable_passes
-from commlab.compress.threshold import _largest_by_partition, _largest_by_sort
+from commlab.compress.threshold import largest_by_partition, largest_by_sort
 from commlab.registry import BENCHMARKS, SELECTORS
 
 DEFAULT_SIZES = [1_000_000, 10_000_000, 100_000_000]
@@ -86,6 +86,12 @@ class TensorStream:
         return self.x
 
 
+def _one_round(calls: dict, device: torch.device, clock: str, shuffler: random.Random) -> list[tuple]:
+    """(name, seconds, result) of one call of each of ``calls`` (name -> function), in an order
+    ``shuffler`` draws afresh each round (why: :func:`measure`)."""
+    return [(name, *_timed(calls[name], device, CLOCKS[clock])) for name in shuffler.sample(list(calls), len(calls))]
+
+
 def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds: float = 2.0,
             clock: str = "wall", seed: int = 0) -> list[dict]:
     """Reference timings and every selector's, interleaved: in every round each entry is called
@@ -104,7 +110,7 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
     for name in SELECTORS.names():
         select = SELECTORS.get(name)()
         entries[name] = (lambda select=select: select(current[0], k), select)
-    names = list(entries)
+    names, calls_of = list(entries), {name: entry[0] for name, entry in entries.items()}
     times: dict[str, list[float]] = {name: [] for name in names}
     selected: dict[str, list[int]] = {}
     spent, rounds, shuffler = 0.0, 0, random.Random(seed)
@@ -113,8 +119,7 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
             break
         if rounds:
             current[0] = stream.next()
-        for name in shuffler.sample(names, len(names)):
-            seconds, out = _timed(entries[name][0], device, CLOCKS[clock])
+        for name, seconds, out in _one_round(calls_of, device, clock, shuffler):
             times[name].append(seconds)
             spent += seconds
             if isinstance(out, torch.Tensor) and out.dtype == torch.int64:
@@ -159,23 +164,25 @@ def _largest_by_kthvalue(values: torch.Tensor, ranks: list[int]) -> list[float]:
     return torch.stack([torch.kthvalue(values, values.numel() - r + 1).values for r in ranks]).tolist()
 
 
-def order_statistics(x: torch.Tensor, k: int, rounds: int, clock: str = "wall") -> dict:
+def order_statistics(x: torch.Tensor, k: int, rounds: int, clock: str = "wall", seed: int = 0) -> dict:
     """Median seconds of the ⌈7k/8⌉-th and k-th largest of |x|'s top-k values (in the order an
     unsorted top-k leaves them) by kthvalue per rank, by numpy's partition (CPU only) and by one
-    sort, each called ``rounds`` times in alternating order (the first call of each apart).
-    kthvalue is left out on the CPU above k = 100,000: quadratic there, it would take about 40 s
-    a call at 100M elements (k = 1M)."""
+    sort, in ``rounds`` rounds of one call each, shuffled as in :func:`measure` (the first round
+    apart). kthvalue is left out on the CPU above k = 100,000: quadratic there, it would take
+    about 40 s a call at 100M elements (k = 1M)."""
     top = torch.topk(x.abs(), k, sorted=False).values
     ranks = sorted({math.ceil(7 * k / 8), k})
-    ways = {"sort": _largest_by_sort}
+    ways = {"sort": largest_by_sort}
     if x.device.type != "cpu" or k <= MAX_CPU_KTHVALUE:
         ways["kthvalue"] = _largest_by_kthvalue
     if x.device.type == "cpu":
-        ways["partition"] = _largest_by_partition
+        ways["partition"] = largest_by_partition
+    calls = {name: (lambda way=way: way(top, ranks)) for name, way in ways.items()}
     times: dict[str, list[float]] = {name: [] for name in ways}
-    for r in range(rounds + 1):
-        for name in (list(ways) if r % 2 else list(ways)[::-1]):
-            times[name].append(_timed(lambda way=ways[name]: way(top, ranks), x.device, CLOCKS[clock])[0])
+    shuffler = random.Random(seed)
+    for _ in range(rounds + 1):
+        for name, seconds, _out in _one_round(calls, x.device, clock, shuffler):
+            times[name].append(seconds)
     return {"k": k, **{f"{name}_s": statistics.median(ts[1:]) for name, ts in times.items()}}
 
 
@@ -225,7 +232,7 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
                 stream = TensorStream(n, device, args.seed, args.stream == "drifting", args.drift)
                 rows = measure(stream, k, args.calls, args.budget, clock=args.clock, seed=args.seed)
                 ranked.append({"device": dev, "elements": n,
-                               **order_statistics(stream.x, k, max(args.calls, 5), args.clock)})
+                               **order_statistics(stream.x, k, max(args.calls, 5), args.clock, args.seed)})
             except (RuntimeError, MemoryError) as err:  # out of memory at the largest sizes
                 skipped.append({"device": dev, "elements": n, "reason": str(err).splitlines()[0]})
                 continue

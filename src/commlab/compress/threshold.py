@@ -125,11 +125,12 @@ def largest_at_ranks(values: torch.Tensor, ranks: list[int]) -> list[float]:
     100M). On the CPU numpy's introselect instead (every rank in one call: 0.01 ms at k = 4,400,
     0.5 ms at 40,000); elsewhere one sort, which uses the whole GPU."""
     if values.device.type == "cpu":
-        return _largest_by_partition(values, ranks)
-    return _largest_by_sort(values, ranks)
+        return largest_by_partition(values, ranks)
+    return largest_by_sort(values, ranks)
 
 
-def _largest_by_partition(values: torch.Tensor, ranks: list[int]) -> list[float]:
+def largest_by_partition(values: torch.Tensor, ranks: list[int]) -> list[float]:
+    """:func:`largest_at_ranks` on the CPU: one ``np.partition`` at every rank."""
     at = [values.numel() - r for r in ranks]  # positions in ascending order; NaN sorts last
     # numpy has no bfloat16; widening it to float32 is exact. Every other dtype stays as it is:
     # a float64 threshold rounded to float32 would select a different set.
@@ -138,7 +139,8 @@ def _largest_by_partition(values: torch.Tensor, ranks: list[int]) -> list[float]
     return [float(part[i]) for i in at]
 
 
-def _largest_by_sort(values: torch.Tensor, ranks: list[int]) -> list[float]:
+def largest_by_sort(values: torch.Tensor, ranks: list[int]) -> list[float]:
+    """:func:`largest_at_ranks` on a GPU (correct anywhere): one descending sort, read at every rank."""
     ordered = torch.sort(values, descending=True).values  # NaN first: the largest
     return torch.stack([ordered[r - 1] for r in ranks]).tolist()  # views: no index copied to the device
 
