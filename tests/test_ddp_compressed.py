@@ -37,7 +37,7 @@ def own_gradient(weights: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tor
     model = net()
     torch.nn.utils.vector_to_parameters(weights, model.parameters())
     F.cross_entropy(model(x), y).backward()
-    return flat(p.grad for p in model.parameters())
+    return flat(param.grad for param in model.parameters())
 
 
 def torch_hook_gradient(method: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -47,7 +47,7 @@ def torch_hook_gradient(method: str, x: torch.Tensor, y: torch.Tensor) -> torch.
                                   **NO_FORWARD_BUFFER_SYNC)
     ddp.register_comm_hook(None, TORCH_HOOK[method])
     F.cross_entropy(ddp(x), y).backward()
-    return flat(p.grad for p in model.parameters())
+    return flat(param.grad for param in model.parameters())
 
 
 def _two_steps(rank, world, method):
@@ -57,13 +57,13 @@ def _two_steps(rank, world, method):
 
     def watch(point, driven, info):
         if point == "synchronised":
-            seen["synced"].append(flat(p.grad for p in model.parameters()))
+            seen["synced"].append(flat(param.grad for param in model.parameters()))
         if point == "done":
             seen["weights"].append(flat(model.parameters()))
             seen["counted"].append(driven.comm.stats.totals())
 
     driven = drive(method, {"bucket_mb": BUCKET_MB}, model=model, steps=0, total_steps=2, train=SGD,
-                   batches=lambda s: batch(rank, s), watch=watch)
+                   batches=lambda step: batch(rank, step), watch=watch)
     seen["weights"].insert(0, flat(model.parameters()))
     seen["counted"].insert(0, driven.comm.stats.totals())
     driven.run(2)
@@ -83,9 +83,9 @@ def _tracking(rank, world):
 
         def watch(point, driven, info, seen=seen):
             if point == "synchronised":
-                seen.append(flat(p.grad for p in driven.model.parameters()))
+                seen.append(flat(param.grad for param in driven.model.parameters()))
 
-        driven = drive(method, None, model=net(), steps=STEPS, train=SGD, batches=lambda s: batch(rank, s),
+        driven = drive(method, None, model=net(), steps=STEPS, train=SGD, batches=lambda step: batch(rank, step),
                        watch=watch)
         out[method] = (flat(driven.model.parameters()), torch.stack(seen))
     return out
@@ -120,7 +120,7 @@ def ring_sums(own: torch.Tensor, wire: torch.dtype, pre_divide: bool = True) -> 
 @pytest.mark.parametrize("method", sorted(WIRE))
 def test_a_step_is_the_wire_dtype_average_of_the_ranks_gradients(runs, method):
     world, results = runs
-    n = sum(p.numel() for p in net().parameters())
+    n = sum(param.numel() for param in net().parameters())
     for out in results:
         for t, step in enumerate(out["step"][method]["steps"]):
             synced, own = step["synced"], step["own"]

@@ -39,6 +39,11 @@ def state_of(model: nn.Module) -> torch.Tensor:
     return flat([t for t in model.state_dict().values() if t.dtype.is_floating_point])
 
 
+def optimizer_state(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """Each parameter's optimizer state, flat (momentum buffers, Adam's moments and step)."""
+    return [flat(state.values()) for state in optimizer.state.values()]
+
+
 def gathered(x: torch.Tensor) -> torch.Tensor:
     """Every rank's ``x``, stacked in rank order (the test's own collective)."""
     out = [torch.empty_like(x) for _ in range(dist.get_world_size())]
@@ -73,7 +78,7 @@ def toy_starts(rank: int, method: str, params: dict) -> list[torch.Tensor]:
             starts.append(model.x.detach().clone())
 
     drive(method, {"period": K, **params}, model=model, steps=K * BLOCKS, train=TOY_SGD,
-          grads=lambda s: [model.x.detach() - C[rank]], watch=watch)
+          grads=lambda step: [model.x.detach() - C[rank]], watch=watch)
     return starts
 
 
@@ -134,7 +139,7 @@ def _kstep_equivalence(rank, world):
     for name, train, bn in (("adam", ADAM, False), ("msgd", MSGD, True)):
         runs = {}
         for method, params in (("diloco", {"period": 4, **sgd_outer(1.0, 0.0)}), ("kstep", {"period": 4})):
-            driven = drive(method, params, model=net(bn), steps=14, train=train, batches=lambda s: batch(rank, s))
+            driven = drive(method, params, model=net(bn), steps=14, train=train, batches=lambda step: batch(rank, step))
             runs[method] = (state_of(driven.model), driven.comm.stats.totals())
         out[name] = runs
     return out
@@ -160,11 +165,11 @@ def _observed(rank, world):
 
     def before_outer(optimizer, args, kwargs):
         params = optimizer.param_groups[0]["params"]
-        seen["grad"].append(flat(p.grad for p in params))
+        seen["grad"].append(flat(param.grad for param in params))
         seen["before"].append(flat(params))
 
     driven = drive("diloco", {"period": 3, "evaluate": "global", "final_average": False}, model=model, steps=0,
-                   total_steps=11, train=ADAM, batches=lambda s: batch(rank, s), watch=watch)
+                   total_steps=11, train=ADAM, batches=lambda step: batch(rank, step), watch=watch)
     driven.algo.outer_optimizer.register_step_pre_hook(before_outer)
     driven.run(11)
     seen["totals"] = driven.comm.stats.totals()
@@ -187,7 +192,7 @@ def _policies(rank, world):
                                flat(model.parameters()), flat(driven.algo.anchors))
 
         drive("diloco", {"period": 2, "buffers": buffers, "optimizer_state": inner_state}, model=model, steps=3,
-              total_steps=4, train=MSGD, batches=lambda s: batch(rank, s), watch=watch)
+              total_steps=4, train=MSGD, batches=lambda step: batch(rank, step), watch=watch)
         out[(buffers, inner_state)] = seen
     return out
 
@@ -199,8 +204,7 @@ RESUME = {"period": 3, "outer_momentum": 0.8, "optimizer_state": "keep_local"}
 def _final(driven) -> dict:
     algo = driven.algo
     return {"model": state_of(driven.model), "anchors": flat(algo.anchors),
-            "outer": [flat(s.values()) for s in algo.outer_optimizer.state.values()],
-            "inner": [flat(v for v in s.values()) for s in driven.optimizer.state.values()],
+            "outer": optimizer_state(algo.outer_optimizer), "inner": optimizer_state(driven.optimizer),
             "bytes": driven.comm.stats.totals()["bytes_sent"]}
 
 
@@ -209,7 +213,7 @@ def resumed_run(rank, world, folder, method, options, steps, split):
     loop's checkpoint functions, rebuilt from scratch and resumed (as the loop resumes)."""
     def start(model, done):
         return drive(method, options, model=model, steps=done, total_steps=steps, train=ADAM,
-                     batches=lambda s: batch(rank, s))
+                     batches=lambda step: batch(rank, step))
 
     whole = start(net(), steps)
     first = start(net(), split)

@@ -17,7 +17,7 @@ from commlab.algorithms.streaming_diloco import model_layers, partition
 from commlab.registry import ALGORITHMS
 from commlab.testing import drive, run_distributed
 from test_ddp_compressed import ring_sums
-from test_diloco import ADAM, batch, flat, gathered, net, resumed_run, state_of
+from test_diloco import ADAM, batch, flat, gathered, net, optimizer_state, resumed_run, state_of
 
 LAYERS, DIM = 4, 2  # the toy model: four layers, each a point in R^2
 X0 = torch.tensor([4.0, -2.0, 1.0, 3.0, -5.0, 2.0, 0.5, -1.0])
@@ -108,10 +108,11 @@ def _toy(rank, world, options):
                 trace["sent"].append(gathered(flat(fragment.anchors) - flat(fragment.params)))
 
     def before_outer(optimizer, args, kwargs):
-        trace["applied"].append(flat(p.grad for p in optimizer.param_groups[0]["params"] if p.grad is not None))
+        params = optimizer.param_groups[0]["params"]
+        trace["applied"].append(flat(param.grad for param in params if param.grad is not None))
 
     driven = drive("streaming_diloco", options, model=model, steps=0, total_steps=TOY_STEPS, train=TOY_SGD,
-                   grads=lambda s: flat(model.parameters()) - C[rank], watch=watch)
+                   grads=lambda step: flat(model.parameters()) - C[rank], watch=watch)
     driven.algo.outer_optimizer.register_step_pre_hook(before_outer)
     driven.run(TOY_STEPS)
     driven.finish()
@@ -130,10 +131,10 @@ ONE_FRAGMENT = {"period": 4, "fragments": 1, "delay": 0, "alpha": 0.0, "outer_pr
 def _as_diloco(rank, world):
     out = {}
     for method, options in (("streaming_diloco", ONE_FRAGMENT), ("diloco", {"period": 4})):
-        driven = drive(method, options, model=net(), steps=14, train=ADAM, batches=lambda s: batch(rank, s))
+        driven = drive(method, options, model=net(), steps=14, train=ADAM, batches=lambda step: batch(rank, step))
         algo = driven.algo
-        out[method] = (state_of(driven.model), flat(algo.anchors),
-                       [flat(s.values()) for s in algo.outer_optimizer.state.values()], driven.comm.stats.totals())
+        out[method] = (state_of(driven.model), flat(algo.anchors), optimizer_state(algo.outer_optimizer),
+                       driven.comm.stats.totals())
     return out
 
 
@@ -147,7 +148,7 @@ def _buffers(rank, world):
             seen[(point, info.step)] = gathered(model[1].running_mean.clone())
 
     drive("streaming_diloco", {"period": 4, "fragments": 2, "delay": 0, "alpha": 0.0, "final_average": False},
-          model=model, steps=5, train=ADAM, batches=lambda s: batch(rank, s), watch=watch)
+          model=model, steps=5, train=ADAM, batches=lambda step: batch(rank, step), watch=watch)
     return seen
 
 

@@ -93,7 +93,7 @@ class Fragment:
 
     @property
     def numel(self) -> int:
-        return sum(p.numel() for p in self.params)
+        return sum(param.numel() for param in self.params)
 
 
 @dataclass
@@ -134,20 +134,26 @@ class OuterSync:
         not the step count). Read at launch: the inner state exists once the optimizer stepped."""
         tensors = list(fragment.buffers) if self.policy.buffers == "average" else []
         if self.policy.optimizer_state == "average":
-            for p in fragment.params:
-                tensors += [v for v in self.inner.state.get(p, {}).values()
-                            if torch.is_tensor(v) and v.shape == p.shape and v.dtype.is_floating_point]
+            for param in fragment.params:
+                tensors += [value for value in self.inner.state.get(param, {}).values()
+                            if torch.is_tensor(value) and value.shape == param.shape and value.dtype.is_floating_point]
         return tensors
+
+    def _by_dtype(self, fragment: Fragment) -> dict[torch.dtype, list[torch.Tensor]]:
+        """:meth:`averaged_state`, grouped by dtype (one message per dtype)."""
+        groups: dict[torch.dtype, list[torch.Tensor]] = {}
+        for tensor in self.averaged_state(fragment):
+            groups.setdefault(tensor.dtype, []).append(tensor)
+        return groups
 
     @torch.no_grad()
     def launch(self, fragment: Fragment, apply_step: int, blocking: bool) -> Exchange:
         """Start the fragment's allreduces (call inside ``comm.reduction()``): blocking, or
         asynchronous (``comm.all_reduce_async``, waited in :meth:`apply`)."""
-        grads = torch.cat([(a - p).reshape(-1) for a, p in zip(fragment.anchors, fragment.params, strict=True)])
+        grads = torch.cat([(anchor - param).reshape(-1)
+                           for anchor, param in zip(fragment.anchors, fragment.params, strict=True)])
         grads = grads.to(self.wire_dtype)
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in self.averaged_state(fragment):
-            by_dtype.setdefault(t.dtype, []).append(t)
+        by_dtype = self._by_dtype(fragment)
         # Tensors of the wire's dtype travel in the pseudo-gradient's message: one allreduce.
         first = by_dtype.pop(grads.dtype, [])
         messages = [Message(torch.cat([grads, flatten(first)]) if first else grads, grads.numel(), first)]
@@ -176,28 +182,28 @@ class OuterSync:
         first = exchange.messages[0]
         dtype = fragment.anchors[0].dtype
         delta = first.flat[:first.grad_numel].to(dtype).div_(size)
-        local = [p.detach().clone() for p in fragment.params] if alpha else None
+        local = [param.detach().clone() for param in fragment.params] if alpha else None
         offset = 0
         for anchor in fragment.anchors:
             anchor.grad = delta[offset:offset + anchor.numel()].view_as(anchor)
             offset += anchor.numel()
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)  # the other fragments' anchors must stay without a gradient
-        for i, (p, anchor) in enumerate(zip(fragment.params, fragment.anchors, strict=True)):
-            p.copy_(anchor)
+        for i, (param, anchor) in enumerate(zip(fragment.params, fragment.anchors, strict=True)):
+            param.copy_(anchor)
             if local is not None:
-                p.lerp_(local[i], alpha)
+                param.lerp_(local[i], alpha)
         for message in exchange.messages:
             if not message.targets:
                 continue
             averaged = message.flat[message.grad_numel:].to(message.targets[0].dtype).div_(size)
             offset = 0
-            for t in message.targets:
-                value = averaged[offset:offset + t.numel()].view_as(t)
-                offset += t.numel()
+            for target in message.targets:
+                value = averaged[offset:offset + target.numel()].view_as(target)
+                offset += target.numel()
                 if alpha:
-                    value.lerp_(t, alpha)
-                t.copy_(value)
+                    value.lerp_(target, alpha)
+                target.copy_(value)
 
     @staticmethod
     def exchange_state(exchange: Exchange) -> dict:
@@ -205,14 +211,12 @@ class OuterSync:
         OuterSync.complete(exchange)
         return {"fragment": exchange.fragment.index, "apply_step": exchange.apply_step,
                 "bytes_sent": exchange.bytes_sent,
-                "messages": [(m.flat.clone(), m.grad_numel) for m in exchange.messages]}
+                "messages": [(message.flat.clone(), message.grad_numel) for message in exchange.messages]}
 
     def restore_exchange(self, fragment: Fragment, state: dict) -> Exchange:
         """The exchange a checkpoint holds, its targets taken again from the live tensors (the
         loop loads the inner optimizer's state before the method's)."""
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in self.averaged_state(fragment):
-            by_dtype.setdefault(t.dtype, []).append(t)
+        by_dtype = self._by_dtype(fragment)
         saved = state["messages"]
         device = fragment.anchors[0].device
         first_flat, grad_numel = saved[0]
@@ -249,7 +253,8 @@ class DiLoCoOptions(FamilyOptions):
             raise ValueError("outer_optimizer nesterov needs outer_momentum > 0, got 0")
         betas = self.outer_betas
         if not (isinstance(betas, (list, tuple)) and len(betas) == 2
-                and all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+                and all(isinstance(beta, (int, float)) and not isinstance(beta, bool) and 0 <= beta < 1
+                        for beta in betas)):
             raise ValueError(f"outer_betas must be two numbers in [0, 1), got {betas!r}")
         if self.evaluate not in EVALUATE:
             raise ValueError(f"evaluate must be one of {EVALUATE}, got {self.evaluate!r}")
@@ -278,13 +283,13 @@ class DiLoCo(PeriodicAveraging):
     Options = DiLoCoOptions
 
     def make_schedule(self) -> FixedSchedule:
-        o = self.options
-        return FixedSchedule(o.period, o.period, self.ctx.total_steps, 0, "last", o.final_average)
+        options = self.options
+        return FixedSchedule(options.period, options.period, self.ctx.total_steps, 0, "last", options.final_average)
 
     def policy(self) -> AveragingPolicy:
-        o = self.options
-        return AveragingPolicy(buffers=o.buffers, optimizer_state=o.optimizer_state,
-                               evaluate="average" if o.evaluate == "average" else "rank0")
+        options = self.options
+        return AveragingPolicy(buffers=options.buffers, optimizer_state=options.optimizer_state,
+                               evaluate="average" if options.evaluate == "average" else "rank0")
 
     def setup(self) -> None:
         super().setup()  # every replica starts from rank 0's model; the schedule
@@ -301,7 +306,7 @@ class DiLoCo(PeriodicAveraging):
 
     def make_fragments(self) -> list[Fragment]:
         """DiLoCo: one fragment, the whole model."""
-        buffers = [b for b in self.model.buffers() if b.dtype.is_floating_point]
+        buffers = [buffer for buffer in self.model.buffers() if buffer.dtype.is_floating_point]
         return [Fragment(0, list(self.model.parameters()), self.anchors, buffers)]
 
     def _reduce(self, comm: Communicator, probe_numel: int) -> None:
@@ -321,7 +326,7 @@ class DiLoCo(PeriodicAveraging):
         return super().eval_model
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "anchors": [a.detach().clone() for a in self.anchors],
+        return {**super().state_dict(), "anchors": [anchor.detach().clone() for anchor in self.anchors],
                 "outer_optimizer": copy.deepcopy(self.outer_optimizer.state_dict())}
 
     @torch.no_grad()

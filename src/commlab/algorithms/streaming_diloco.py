@@ -74,9 +74,9 @@ def model_layers(model: nn.Module) -> list[tuple[list[nn.Parameter], list[torch.
     waiting: list[torch.Tensor] = []  # buffers met before the first layer
     seen: set[int] = set()
     for module in model.modules():
-        params = [p for p in module.parameters(recurse=False) if id(p) not in seen]
-        seen.update(id(p) for p in params)
-        buffers = [b for b in module.buffers(recurse=False) if b.dtype.is_floating_point]
+        params = [param for param in module.parameters(recurse=False) if id(param) not in seen]
+        seen.update(id(param) for param in params)
+        buffers = [buffer for buffer in module.buffers(recurse=False) if buffer.dtype.is_floating_point]
         if params:
             layers.append((params, waiting + buffers))
             waiting = []
@@ -94,7 +94,7 @@ def partition(sizes: list[int], count: int, pattern: str) -> list[list[int]]:
     if count > len(sizes):
         raise ValueError(f"fragments={count} exceeds the model's {len(sizes)} layers with parameters")
     if pattern == "strided":
-        return [list(range(f, len(sizes), count)) for f in range(count)]
+        return [list(range(first, len(sizes), count)) for first in range(count)]
     prefix = [0, *itertools.accumulate(sizes)]
     n = len(sizes)
     worst = [[float("inf")] * (n + 1) for _ in range(count + 1)]  # worst[k][j]: first j layers in k runs
@@ -163,14 +163,14 @@ class StreamingDiLoCo(DiLoCo):
 
     def make_fragments(self) -> list[Fragment]:
         layers = model_layers(self.model)
-        anchor_of = dict(zip((id(p) for p in self.model.parameters()), self.anchors, strict=True))
-        runs = partition([sum(p.numel() for p in params) for params, _ in layers], self.options.fragments,
-                         self.options.fragment_pattern)
+        anchor_of = dict(zip((id(param) for param in self.model.parameters()), self.anchors, strict=True))
+        sizes = [sum(param.numel() for param in params) for params, _ in layers]
+        runs = partition(sizes, self.options.fragments, self.options.fragment_pattern)
         fragments = []
         for index, run in enumerate(runs):
-            params = [p for j in run for p in layers[j][0]]
-            buffers = [b for j in run for b in layers[j][1]]
-            fragments.append(Fragment(index, params, [anchor_of[id(p)] for p in params], buffers))
+            params = [param for layer in run for param in layers[layer][0]]
+            buffers = [buffer for layer in run for buffer in layers[layer][1]]
+            fragments.append(Fragment(index, params, [anchor_of[id(param)] for param in params], buffers))
         return fragments
 
     def setup(self) -> None:
@@ -192,35 +192,35 @@ class StreamingDiLoCo(DiLoCo):
 
     # ---- the hook -----------------------------------------------------------------------------
     def after_step(self, info: StepInfo) -> None:
-        s, o = info.step, self.options
-        self._steps = s + 1
-        last = s == self.ctx.total_steps - 1
-        starting = self._fragment_ending(s + o.delay)
-        if starting is not None and s + o.delay < self.ctx.total_steps:
+        step, options = info.step, self.options
+        self._steps = step + 1
+        last = step == self.ctx.total_steps - 1
+        starting = self._fragment_ending(step + options.delay)
+        if starting is not None and step + options.delay < self.ctx.total_steps:
             with self.comm.reduction():
-                self.in_flight = self._launch(self.fragments[starting], s + o.delay, blocking=o.delay == 0)
+                self.in_flight = self._launch(self.fragments[starting], step + options.delay,
+                                              blocking=options.delay == 0)
         applied = None
-        if self.in_flight is not None and self.in_flight.apply_step == s:
-            applied = self.in_flight.fragment.index
-            self._apply(0.0 if last and o.final_average else o.alpha, info)
-        if last and o.final_average:
-            rest = [f for f in self.fragments if f.index != applied]
+        if self.in_flight is not None and self.in_flight.apply_step == step:
+            exchange, self.in_flight = self.in_flight, None
+            applied = exchange.fragment.index
+            self._apply(exchange, 0.0 if last and options.final_average else options.alpha, info)
+        if last and options.final_average:
+            rest = [fragment for fragment in self.fragments if fragment.index != applied]
             if rest:
                 with self.comm.reduction():
-                    exchanges = [self._launch(f, s, blocking=True) for f in rest]
+                    exchanges = [self._launch(fragment, step, blocking=True) for fragment in rest]
                 for exchange in exchanges:
-                    self.in_flight = exchange
-                    self._apply(0.0, info)
+                    self._apply(exchange, 0.0, info)
 
     def _launch(self, fragment: Fragment, apply_step: int, blocking: bool) -> Exchange:
         exchange = self.sync.launch(fragment, apply_step, blocking)
         self.fragment_bytes[fragment.index] += exchange.bytes_sent
         return exchange
 
-    def _apply(self, alpha: float, info: StepInfo) -> None:
-        self.sync.apply(self.in_flight, alpha)
-        self.in_flight = None
-        self.schedule.after_sync(info.step, None, info.lr)
+    def _apply(self, exchange: Exchange, alpha: float, info: StepInfo) -> None:
+        self.sync.apply(exchange, alpha)
+        self.schedule.after_sync(info.step, None, info.lr)  # counts the fragment's outer step
 
     def finish(self) -> None:
         """Nothing is in flight after the last step (no fragment is launched past it); a run
@@ -233,11 +233,12 @@ class StreamingDiLoCo(DiLoCo):
     def metrics(self) -> dict[str, float]:
         out = super().metrics()
         out["in_flight"] = float(self.in_flight is not None)
-        out.update({f"fragment{f}_bytes_sent": float(b) for f, b in enumerate(self.fragment_bytes)})
+        out.update({f"fragment{index}_bytes_sent": float(sent) for index, sent in enumerate(self.fragment_bytes)})
         return out
 
     def run_params(self) -> dict[str, Any]:
-        return {**super().run_params(), **{f"fragment.{f.index}.numel": f.numel for f in self.fragments}}
+        return {**super().run_params(),
+                **{f"fragment.{fragment.index}.numel": fragment.numel for fragment in self.fragments}}
 
     def state_dict(self) -> dict:
         exchange = self.in_flight
