@@ -70,8 +70,9 @@ def _schedule(plan: dict) -> AdaptiveSchedule:
 
 
 def _drive(schedule: AdaptiveSchedule, plan: dict, spread, until: int | None = None, start: int = 0):
-    """Run the schedule from ``start`` to ``until``; at each synchronisation V is what a replica
-    drift of per-step spread ``spread(step)`` (times lr) gives over the interval (step 1)."""
+    """Run the schedule from ``start`` to ``until``; at each synchronisation V is what replicas
+    drifting apart by ``lr * spread(step)`` a step give over the interval (the drift model of
+    step 1 of the adpsgd module's docstring)."""
     for step in range(start, plan["total"] if until is None else until):
         lr = plan["lrs"][step]
         schedule.observe_lr(step, lr)
@@ -131,8 +132,9 @@ def test_the_period_retightens_and_recalibrates_after_each_decay(name, plan):
 
 
 def test_the_laptop_grid_schedule_differs_from_the_budget_line_alone():
-    """The laptop grid's ADPSGD run: its synchronisations depend on V (before the change they
-    were the budget line's, 1, 3, 5, 29, 52, 75, 98, 122, 145, 168, 191, whatever V did)."""
+    """The laptop grid's ADPSGD run does not follow the budget line alone (steps 1, 3, 5, 29, 52,
+    75, 98, 122, 145, 168, 191: the schedule of a rule that never leaves its calibration), whatever
+    V does."""
     plan = _plan(_grid("laptop")[("adpsgd_b16", 0)])
     budget_line_alone = [1, 3, 5, 29, 52, 75, 98, 122, 145, 168, 191]
     for spread in (_falling(plan), _rising(plan), lambda step: 1.0):

@@ -71,13 +71,14 @@ is deterministic for a seed. ADPSGD logs, at each log point, ``period`` (in forc
 step ``last_sync``, and ``syncs`` and ``retightens``; :meth:`ADPSGD.sync_events` hands out every
 decision with the step it was taken at.
 
-Ours, not the paper's (the abstract gives neither a formula nor constants): the growth model of
-step 1 (so that V measured over different intervals can be compared); the calibration and its
-constants (2 synchronisations, the momentum warm-up, half the budget's period); the rule's form
-of step 3 and its step limits; the re-tightening after a decay of step 4 (the abstract does not
-mention decays; shortening the period when the lr drops follows AdaComm, Wang & Joshi, 2018);
-the budget line and the target that rises to what the budget affords (the paper compares methods
-at equal communication; how a run keeps to a budget is ours).
+Ours, not the paper's (this reconstruction works from the paper's abstract, which gives neither a
+formula nor constants): the drift model of step 1 (so that V measured over intervals of different
+lengths can be compared); the calibration and its constants (2 synchronisations, the momentum
+warm-up, half the budget's period) and the target's lr^2 scaling; the rule's form of step 3 and
+its step limits; the re-tightening after a decay of step 4 (the abstract does not mention decays;
+shortening the period when the lr drops follows AdaComm, Wang & Joshi, 2018); the budget line
+and the target that rises to what the budget affords (the paper compares methods at equal
+communication; how a run keeps to a budget is ours).
 
 Usage (run config fragments)::
 
