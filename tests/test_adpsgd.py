@@ -15,7 +15,8 @@ from commlab.algorithms.adpsgd import (
     CPSGD,
     AdaptiveSchedule,
     cpsgd_syncs,
-    next_period,
+    drift_growth,
+    rule_period,
 )
 from commlab.algorithms.averaging import average_and_probe
 from commlab.algorithms.base import parse_options
@@ -146,9 +147,12 @@ def test_cpsgd_sync_count_helper():
 
 
 # ---- the ADPSGD rule, without processes ----------------------------------------------------------
+# Without momentum the growth model is a random walk, growth(L) = L, so V = rate * L and the rule's
+# period is target / rate (within a factor 2 of the last one). Learning rates 0.5 and 0.125 keep
+# every number below a power of two: the expected steps follow from the arithmetic in the comments.
 def _options(**kw):
-    base = {"initial_period": 2, "calibration_syncs": 2, "calibration_warmup": 0, "growth": 2.0, "shrink": 0.5,
-            "grow_below": 1.0, "shrink_above": 2.0, "max_period": 64, "final_average": False}
+    base = {"initial_period": 4, "calibration_syncs": 2, "calibration_warmup": 0, "growth": 2.0, "shrink": 0.5,
+            "max_period": 64, "final_average": False}
     base.update(kw)
     return parse_options(ADPSGD.Options, base)
 
@@ -157,68 +161,100 @@ def _drive(schedule, total, variances, lrs=None):
     """Feed the scripted variances at each synchronisation; return (step, period-in-force) pairs."""
     it = iter(variances)
     for step in range(total):
-        lr = lrs(step) if lrs else 0.1
+        lr = lrs(step) if lrs else 0.5
         schedule.observe_lr(step, lr)
         if schedule.due(step):
             schedule.after_sync(step, next(it), lr)
     return [(s, p) for s, p, _ in schedule.history]
 
 
-def test_next_period_rule():
-    o = _options(min_period=2, max_period=16)
-    assert next_period(4, 0.5, 1.0, o) == 8  # below target: grow
-    assert next_period(4, 1.5, 1.0, o) == 4  # inside the band: hold
-    assert next_period(8, 2.5, 1.0, o) == 4  # above: shrink
-    assert next_period(16, 0.0, 1.0, o) == 16  # capped at max_period
-    assert next_period(2, 9.0, 1.0, o) == 2  # floored at min_period
-    assert next_period(3, 0.1, 1.0, _options(growth=1.1)) == 4  # always at least one step
-    assert next_period(4, 0.0, 0.0, o) == 8 and next_period(4, 1.0, 0.0, o) == 2  # zero target
+def _rule_periods(schedule):
+    return [d[4] for d in schedule.decisions]
 
 
-def test_adpsgd_follows_the_rule_on_scripted_variances():
+def test_rule_period_is_the_longest_period_under_the_target():
+    o, walk = _options(min_period=1, max_period=16), float
+    assert rule_period(4, 0.5, 4.0, walk, o) == 8  # 0.5 * p <= 4 up to 8
+    assert rule_period(4, 1.0, 4.0, walk, o) == 4  # on target: hold
+    assert rule_period(8, 0.625, 4.0, walk, o) == 6  # 4 / 0.625 = 6.4
+    assert rule_period(8, 2.0, 4.0, walk, o) == 4  # wants 2: at most halved
+    assert rule_period(16, 0.0, 4.0, walk, o) == 16  # no drift: the longest, capped at max_period
+    assert rule_period(1, 9.0, 4.0, walk, o) == 1  # floored at min_period
+    assert rule_period(3, 0.01, 4.0, walk, _options(growth=1.1)) == 4  # always at least one step
+    # With momentum: the longest p whose predicted V, rate * drift_growth(p), stays under the target.
+    growth = lambda steps: drift_growth(steps, 0.9)  # noqa: E731
+    assert rule_period(8, 1e-3, 1e-3 * growth(11), growth, o) == 11
+    assert rule_period(8, 1e-3, 1e-3 * growth(11) * (1 - 1e-12), growth, o) == 10
+
+
+def test_adpsgd_follows_v_on_scripted_variances():
     s = AdaptiveSchedule(_options(), total_steps=200)
-    # Calibration at period 2 (V = 1, 3 -> target 2), then: 1 grow, 3 hold, 5 shrink, 0 grow...
-    history = _drive(s, 200, [1.0, 3.0, 1.0, 3.0, 5.0, 0, 0, 0, 0, 0, 0])
-    assert history == [(1, 2), (3, 2), (5, 2), (9, 4), (13, 4), (15, 2), (19, 4), (27, 8), (43, 16),
-                       (75, 32), (139, 64)]
-    assert s.target(0.1) == 2.0 and s.next_sync is None  # 139 + 64 is past the end
+    # Calibration at period 4: rates 1, 1 (V = 4, 4) give the target 4 at step 7 and the rule holds
+    # 4; then rate 0.5 -> 8; 0.25 -> 16; 1 -> 4 wanted, halved to 8; 1 -> 4; 0.375 -> 10.7, doubled
+    # to 8; 0.375 -> 10; 0.1 -> 40, doubled to 20; 0.1 -> 40; then V holds the target at 40.
+    variances = [4.0, 4.0, 2.0, 2.0, 16.0, 8.0, 1.5, 3.0, 1.0, 2.0, 4.0, 4.0]
+    history = _drive(s, 200, variances)
+    assert [step for step, _ in history] == [3, 7, 11, 19, 35, 43, 47, 55, 65, 85, 125, 165]
+    assert _rule_periods(s) == [4, 4, 8, 16, 8, 4, 8, 10, 20, 40, 40, 40]
+    assert math.isnan(s.decisions[0][3]) and [d[3] for d in s.decisions[1:]] == [4.0] * 11
+    assert s.next_sync is None  # 165 + 40 is past the end
     m = s.metrics()
-    assert m["period"] == 64 and m["variance"] == 0.0 and m["syncs"] == 11
+    assert m["period"] == 40 and m["variance"] == 4.0 and m["target"] == 4.0 and m["syncs"] == 12
+    assert m["last_sync"] == 165 and m["variance_rate"] == 0.1
 
 
 def test_adpsgd_retightens_after_lr_drop_and_recalibrates():
-    s = AdaptiveSchedule(_options(), total_steps=100)
-    lrs = lambda step: 0.1 if step < 40 else 0.01
-    script = [1.0, 1.0] + [0.0] * 4 + [5.0, 0.01, 0.01, 0.001, 0.001, 0.001]
-    history = _drive(s, 100, itertools.chain(script, itertools.repeat(0.5)), lrs)
-    # 1, 3 calibrate (target 1); 5 -> 4; 9 -> 8; 17 -> 16; 33 -> 32 (next at 65), but the drop at
-    # step 40 re-tightens to period 2 from the last sync (35 < 40, so at once) and re-calibrates
-    # from 42 and 44 (target 0.01; the 5.0 at 40 straddles the drop and is left out); then
-    # 46 -> 4, 50 -> 8, 58 -> 16, and V = 0.5 shrinks the period.
-    assert history[:6] == [(1, 2), (3, 2), (5, 2), (9, 4), (17, 8), (33, 16)]
-    assert history[6:9] == [(40, 2), (42, 2), (44, 2)]
-    assert s.retightens == 1 and s.target(0.01) == pytest.approx(0.01)
-    assert history[9:14] == [(46, 2), (50, 4), (58, 8), (74, 16), (82, 8)]
+    s = AdaptiveSchedule(_options(), total_steps=120)
+    lrs = lambda step: 0.5 if step < 60 else 0.125  # noqa: E731
+    script = [4.0, 4.0, 1.0, 2.0, 4.0, 2.0,  # rates 1, 1 (target 4), 0.25, 0.25, 0.25, 0.125
+              0.5,  # at the drop, over steps 52-60: straddles it, judged by nobody
+              1 / 16, 1 / 16,  # rate 1/64 twice at lr 0.125: target 4 * 1/64 = 1/16
+              1 / 64, 1 / 32, 1 / 16, 1 / 16]  # rate 1/256: 8, 16, 16, 16
+    history = _drive(s, 120, script, lrs)
+    # 51 -> 32 (next at 83), but the drop at step 60 re-tightens to period 4: the sync comes at once.
+    assert [step for step, _ in history] == [3, 7, 11, 19, 35, 51, 60, 64, 68, 72, 80, 96, 112]
+    assert _rule_periods(s) == [4, 4, 8, 16, 16, 32, 4, 4, 4, 8, 16, 16, 16]
+    targets = [d[3] for d in s.decisions]
+    assert all(math.isnan(t) for t in targets[6:8]) and targets[8:] == [1 / 16] * 5
+    assert s.retightens == 1
 
 
 def test_adpsgd_calibration_skips_the_warmup_steps():
-    s = AdaptiveSchedule(_options(calibration_warmup=5), total_steps=30)
-    history = _drive(s, 30, itertools.chain([9.0, 9.0, 9.0, 1.0, 3.0, 1.0], itertools.repeat(3.0)))
-    # Syncs at 1, 3, 5 cover intervals starting at 0, 2, 4 < 5: ignored; 7 and 9 calibrate;
-    # 11 (V = 1) grows the period to 4, then V = 3 holds it.
-    assert history[:6] == [(1, 2), (3, 2), (5, 2), (7, 2), (9, 2), (11, 2)]
-    assert s.target(0.1) == 2.0 and s.rule_period == 4
+    s = AdaptiveSchedule(_options(initial_period=2, calibration_warmup=5), total_steps=30)
+    history = _drive(s, 30, itertools.chain([9.0, 9.0, 9.0, 2.0, 2.0, 1.0], itertools.repeat(2.0)))
+    # Syncs at 1, 3, 5 cover intervals starting at 0, 2, 4 < 5: ignored; 7 and 9 (rate 1) calibrate
+    # the target 2 at period 2; 11 (rate 0.5) doubles the period, and V = 2 over 4 steps holds it.
+    assert [step for step, _ in history][:7] == [1, 3, 5, 7, 9, 11, 15]
+    assert s.target(0.5) == 2.0 and _rule_periods(s)[:7] == [2, 2, 2, 2, 2, 4, 4]
+
+
+def test_adpsgd_momentum_warmup_is_the_default():
+    s = AdaptiveSchedule(_options(calibration_warmup=None), total_steps=100, momentum=0.9)
+    assert s.warmup == 10 and s.calibrate_from == 10
+    assert AdaptiveSchedule(_options(calibration_warmup=None), total_steps=100).warmup == 0
 
 
 def test_adpsgd_lr2_target_follows_the_learning_rate():
-    s = AdaptiveSchedule(_options(target="lr2", lr2_coef=100.0), total_steps=31)
-    lrs = lambda step: 0.1 if step < 20 else 0.01
-    history = _drive(s, 31, [0.5, 0.5, 0.5, 0.005, 0.015, 0.05, 0.5], lrs)
-    # target 1 then 0.01, no calibration: grow, grow, grow (next at 29); the drop at step 20
-    # resets the period to 2 (sync at once); then grow, hold, shrink; 30 is the last step.
-    assert history == [(1, 2), (5, 4), (13, 8), (20, 2), (24, 4), (28, 4), (30, 2)]
-    assert s.rule_period == 1 and s.next_sync is None
-    assert s.target(0.01) == pytest.approx(0.01)
+    s = AdaptiveSchedule(_options(target="lr2", lr2_coef=16.0), total_steps=60)
+    lrs = lambda step: 0.5 if step < 30 else 0.125  # noqa: E731
+    # target 16 * lr^2: 4, then 1/4. Rates 1, 0.25, 0.25 (no calibration); the drop at step 30
+    # resets the period to 4 (sync at once, not judged); then rates 1/64, 1/16, 1/64, 1/64.
+    history = _drive(s, 60, [4.0, 1.0, 2.0, 9.0, 1 / 16, 0.5, 1 / 16, 1 / 8], lrs)
+    assert [step for step, _ in history] == [3, 7, 15, 30, 34, 42, 46, 54]
+    assert _rule_periods(s) == [4, 8, 16, 4, 8, 4, 8, 16]
+    assert s.next_sync is None and s.target(0.125) == 0.25 and s.retightens == 1
+
+
+def test_adpsgd_takes_the_target_the_budget_affords():
+    # Budget 5 with the final sync, no borrowing: the k-th of the other 4 no sooner than step 16k - 1.
+    s = AdaptiveSchedule(_options(initial_period=2, calibration_syncs=1, budget_syncs=5, budget_borrow=0.0,
+                                  final_average=True), total_steps=64)
+    history = _drive(s, 64, [16.0, 8.0, 4.0])
+    # 15 (rate 1 over 16 steps): calibrates the target 2, the rule wants 2, the line defers to 31:
+    # the target rises to V at 16 steps, 16, and the rule takes 16. At 31 the rate halves: 32.
+    assert [step for step, _ in history] == [15, 31, 63]
+    assert s.decisions[0][3:] == (16.0, 16, 16)
+    assert s.decisions[1][3:] == (16.0, 32, 32)
 
 
 @pytest.mark.parametrize("borrow", [0.0, 0.25, 1.0])
@@ -266,11 +302,11 @@ def test_adpsgd_period_sequence_is_deterministic_and_identical_on_ranks(ranks):
     assert last_metrics["syncs"] == len(history) and last_metrics["variance"] == history[-1][2]
     assert state["schedule"]["retightens"] == 1
     # A schedule restored from the state takes the same next decision.
-    o = _options(initial_period=1, calibration_syncs=2, calibration_warmup=20, budget_period=3,
-                 final_average=True)
-    restored = AdaptiveSchedule(o, steps)
+    o = parse_options(ADPSGD.Options, {"initial_period": 1, "calibration_syncs": 2, "budget_period": 3})
+    restored = AdaptiveSchedule(o, steps, TRAIN["momentum"])
     restored.load_state_dict(copy.deepcopy(state["schedule"]))
     assert restored.history == history and restored.next_sync is None
+    assert restored.decisions == [tuple(d) for d in state["schedule"]["decisions"]]
 
 
 def test_options_are_validated():
@@ -282,3 +318,9 @@ def test_options_are_validated():
         parse_options(ADPSGD.Options, {"target": "other"})
     with pytest.raises(ValueError, match="period"):
         parse_options(CPSGD.Options, {"period": 0})
+    with pytest.raises(ValueError, match=r"initial_period must lie in \[min_period, max_period\] = \[2, 64\], got 1"):
+        parse_options(ADPSGD.Options, {"initial_period": 1, "min_period": 2})
+    with pytest.raises(ValueError, match="retighten_period must be at least 1"):
+        parse_options(ADPSGD.Options, {"retighten_period": 0})
+    with pytest.raises(ValueError, match="unknown option.*grow_below"):
+        parse_options(ADPSGD.Options, {"grow_below": 1.0})

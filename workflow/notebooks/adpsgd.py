@@ -21,13 +21,17 @@ scale = None
 # %%
 # ruff: noqa: E402 - a notebook imports after its parameters cell
 import matplotlib.pyplot as plt
+import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
 from commlab.report.claims_adpsgd import METRICS, loopback_runs, summary_table, wide_table
 from commlab.report.notebook import nothing, open_report, show, show_claims
 
-rep = open_report(paper, out_dir, tracking_uri, scale, METRICS)
+# The rule's decisions: at log points (algo_last_sync: the step each refers to) and, where the loop
+# logs them, at their own steps (algo_sync_*).
+DECISIONS = ["algo_last_sync", "algo_sync_variance", "algo_sync_target", "algo_sync_rule_period", "algo_sync_period"]
+rep = open_report(paper, out_dir, tracking_uri, scale, METRICS + [m for m in DECISIONS if m not in METRICS])
 show_claims(rep)  # declared in commlab.report.claims_adpsgd
 # Runs under emulated links answer the speed-up claim only; the figures show the runs on loopback.
 runs, wide = rep.table(loopback_runs), rep.table(wide_table)
@@ -66,29 +70,67 @@ else:
 
 
 # %% [markdown]
-# ## Period and variance over training
-# The period in force and the variance measured at each synchronisation (logged at the last
-# synchronisation before each logging step); dotted lines mark learning-rate decays.
+# ## The rule's decisions: period against V
+# Each ADPSGD synchronisation, per seed: the period the rule chose and the period in force after
+# the budget line (left), the variance V it measured and the target it holds V to (right, log
+# scale; CPSGD's V at its fixed period in grey). Where a run logged its decisions at their own
+# steps (`algo_sync_*`) those are drawn; otherwise each log point's last decision at the step of
+# its synchronisation (`algo_last_sync`: of two synchronisations within one log window, the later).
+# Dotted lines mark learning-rate decays.
 
 
 # %%
-if base_wide.empty or "algo_period" not in base_wide or base_wide.algo_period.dropna().empty:
-    nothing("No cpsgd/adpsgd runs to plot.")
+DECIDED = {"variance": "V", "target": "target", "rule_period": "chosen by the rule", "period": "in force"}
+
+
+def sync_decisions(history: pd.DataFrame) -> pd.DataFrame:
+    """One row per ADPSGD decision (run, seed, step, V, target, periods) and per CPSGD log point."""
+    keys, frames = ["run_id", "name", "method", "seed", "step"], []
+    for _, g in history[history.method.isin(["cpsgd", "adpsgd"])].groupby("run_id"):
+        own = g[g.metric.str.startswith("algo_sync_")]
+        if not own.empty:  # logged at the synchronisation's own step
+            wide = own.pivot_table(index=keys, columns="metric", values="value").reset_index()
+            wide.columns = [c.removeprefix("algo_sync_") for c in wide.columns]
+        else:
+            logged = g[g.metric.isin([f"algo_{k}" for k in DECIDED] + ["algo_last_sync"])]
+            if logged.empty:
+                continue
+            wide = logged.pivot_table(index=keys, columns="metric", values="value").reset_index()
+            wide.columns = [c.removeprefix("algo_") for c in wide.columns]
+            if "last_sync" in wide:  # ADPSGD: at the step of the decision
+                wide = (wide.dropna(subset=["last_sync"]).assign(step=lambda d: d.last_sync.astype(int))
+                        .drop_duplicates("step", keep="last"))
+        frames.append(wide)
+    return pd.concat(frames, ignore_index=True).rename(columns=DECIDED) if frames else pd.DataFrame()
+
+
+decided = sync_decisions(rep.history[rep.history.run_id.isin(runs.run_id)]) if not runs.empty else pd.DataFrame()
+if decided.empty or "adpsgd" not in set(decided.method):
+    nothing("No adpsgd runs with logged decisions to plot.")
 else:
-    data = base_wide[base_wide.method.isin(["cpsgd", "adpsgd"])].dropna(subset=["algo_period"])
-    fig, axes = plt.subplots(1, 2, figsize=(14, 4.2))
-    sns.lineplot(data=data, x="step", y="algo_period", hue="name", units="seed", estimator=None,
-                 ax=axes[0], drawstyle="steps-post", linewidth=1)
+    fig, axes = plt.subplots(1, 2, figsize=(15, 4.4))
+    for k, (_, g) in enumerate(decided[decided.method == "cpsgd"].groupby("run_id")):
+        axes[1].plot(g.step, g.V, color="0.75", linewidth=0.8, label="cpsgd V" if k == 0 else None)
+    colours = sns.color_palette(n_colors=max(3, decided[decided.method == "adpsgd"].run_id.nunique()))
+    for colour, ((name, seed), g) in zip(colours, decided[decided.method == "adpsgd"].groupby(["name", "seed"]),
+                                         strict=False):
+        g = g.sort_values("step")
+        label = f"{name} seed {seed}"
+        # NaN targets (calibrating) break the dashed line instead of bridging the calibration.
+        axes[0].step(g.step, g["chosen by the rule"], where="post", color=colour, label=f"{label}: chosen by the rule")
+        axes[0].step(g.step, g["in force"], where="post", color=colour, linestyle="--", label=f"{label}: in force")
+        axes[1].plot(g.step, g.V, color=colour, marker="o", markersize=4, linewidth=1, label=f"{label}: V")
+        if "target" in g:
+            axes[1].step(g.step, g.target, where="post", color=colour, linestyle="--", linewidth=1,
+                         label=f"{label}: target")
     axes[0].set_ylabel("period (steps)")
-    axes[0].set_xlabel("training step")
-    sns.lineplot(data=data.dropna(subset=["algo_variance"]), x="step", y="algo_variance", hue="name",
-                 units="seed", estimator=None, ax=axes[1], linewidth=1, legend=False)
     axes[1].set_yscale("log")
     axes[1].set_ylabel("V = mean_i ||x_i - x̄||²")
-    axes[1].set_xlabel("training step")
     lr = base_wide.dropna(subset=["lr"]).sort_values("step").drop_duplicates("step")
-    for step in lr.step[lr.lr.diff() < 0]:
-        for ax in axes:
+    for ax in axes:
+        ax.set_xlabel("training step")
+        ax.legend(fontsize=7)
+        for step in lr.step[lr.lr.diff() < 0]:  # the first log point after each decay
             ax.axvline(step, color="grey", linestyle=":")
     fig.tight_layout()
     show(rep, fig, "period_and_variance")
@@ -139,12 +181,16 @@ else:
 # Periodic parameter averaging with a constant period (`cpsgd`) against the adaptive period of
 # `adpsgd`, full-communication SGD (`ssgd`) and quantised SGD (`qsgd`, stochastic rounding with
 # a bucket norm; `fp16` at the full scale). No code was released: the period rule is our
-# reconstruction of the paper's principle (module docstring of `commlab.algorithms.adpsgd`):
-# after a CPSGD calibration phase sets a variance target, the period grows while the measured
-# inter-node variance V = mean_i ||x_i - x̄||² stays below the target, shrinks above twice the
-# target, resets after a learning-rate decay, and never exceeds the number of synchronisations of
-# the CPSGD run it is compared with (`budget_period`; a budget line lets it spend at most a
-# quarter of that budget ahead of the uniform pace).
+# reconstruction of the paper's principle (module docstring of `commlab.algorithms.adpsgd`, which
+# lists what is ours). At each synchronisation ADPSGD measures V = mean_i ||x_i - x̄||² and the
+# rate at which it grew over the interval; the next period is the longest at which V is predicted
+# to stay under a target. The target comes from a short calibration at half the budget's period
+# (two synchronisations after the momentum's warm-up), moves with lr², and is calibrated again
+# after each learning-rate decay, where the period resets. The run never exceeds the number of
+# synchronisations of the CPSGD run it is compared with (`budget_period`): a budget line lets it
+# spend at most a quarter of that budget ahead of the uniform pace, and when the line holds a
+# synchronisation back the target rises to the variance this budget affords, from which the rule
+# lengthens the period as V falls.
 #
 # **Scale.** The default (laptop) grid is trimmed to fit the whole pipeline on a 2-core machine:
 # Fashion-MNIST CNN, 4 gloo workers, 8,192 training samples, 3 epochs with a ×0.1 decay after

@@ -1,64 +1,84 @@
 """Periodic parameter averaging with a constant (CPSGD) or adaptive (ADPSGD) period.
 
-Implements ADPSGD (Jiang & Agrawal, "Adaptive Periodic Averaging", arXiv
-2007.06134). No code was released; the period rule below is our reconstruction of the paper's
-principle: the inter-node variance of the parameters governs convergence, so under a fixed
-communication budget one synchronises often early (large variance) and rarely later.
+Implements ADPSGD (Jiang & Agrawal, "Adaptive Periodic Averaging", arXiv 2007.06134). No code was
+released. The abstract gives the principle: the variance of the parameters across nodes governs
+the convergence of periodic averaging, so under a fixed communication budget one synchronises
+often early, while that variance is large, and rarely later. The rule below is our
+reconstruction of it; what is ours rather than the paper's is listed at the end.
 
-Both are members of the periodic-averaging family (:mod:`commlab.algorithms.periodic`): local
-optimizer steps and, at a synchronisation, one allreduce of all parameters and floating buffers
-(and, with ``optimizer_state: average``, the optimizer's momentum), then the parameter variance::
+Both methods are members of the periodic-averaging family (:mod:`commlab.algorithms.periodic`):
+local optimizer steps and, at a synchronisation, one allreduce of all parameters and floating
+buffers (and, with ``optimizer_state: average``, the optimizer's momentum), then the variance::
 
     V = mean_i || x_i - x_bar ||^2      (sum over all parameters, mean over the P ranks)
 
-with one extra scalar allreduce: after the model allreduce gives ``x_bar``, each rank computes
-``||x_i - x_bar||^2`` from its own pre-average copy and the scalar is averaged. The model and the
-scalar allreduce are one global reduction. Both methods log ``period`` and ``variance`` (the
-last synchronisation's), ``syncs`` and, for ADPSGD, ``target`` through :meth:`metrics`.
+with one extra scalar allreduce, part of the same global reduction: after the model allreduce
+gives ``x_bar``, each rank computes ``||x_i - x_bar||^2`` from its own pre-average copy and the
+scalar is averaged.
 
 Their options use the family's names (:class:`~commlab.algorithms.periodic.FamilyOptions`):
 ``buffers`` and ``optimizer_state`` (``average`` | ``keep_local``) and ``final_average``; the
 paper's ``average_buffers`` and ``average_momentum`` (true | false) are accepted as aliases.
 Every run logs ``schedule.kind`` (cpsgd: ``fixed``, adpsgd: ``adaptive``), ``schedule.period``
-and ``schedule.local_period`` (cpsgd: ``period``; adpsgd: ``initial_period``) as params.
+and ``schedule.local_period`` (cpsgd: ``period``; adpsgd: its initial period) as params.
 
-``cpsgd``: the family's fixed schedule (the same as ``kstep``'s):
-averages after every ``period``-th step (steps p-1, 2p-1, ...; torch's
-PeriodicModelAverager(period=p, warmup_steps=p-1) does the same arithmetic; with
-``sync_at_first_step`` after steps 0, p, 2p, ... like warmup_steps=0). With ``final_average``
-the last step also averages, so the evaluated model is the average.
+``cpsgd``: the family's fixed schedule (the same as ``kstep``'s): averages after every
+``period``-th step (steps p-1, 2p-1, ...; torch's PeriodicModelAverager(period=p,
+warmup_steps=p-1) does the same arithmetic; with ``sync_at_first_step`` after steps 0, p, 2p, ...
+like warmup_steps=0). With ``final_average`` the last step also averages, so the evaluated model
+is the average. It logs ``period``, ``syncs`` and ``variance`` (the last synchronisation's).
 
-``adpsgd`` (our reading, every constant an option):
+``adpsgd``, at each synchronisation (every constant an option):
 
-1. Calibration: the run starts at ``initial_period`` (CPSGD); the variances of the first
-   ``calibration_syncs`` synchronisations whose interval starts at or after step
-   ``calibration_warmup`` (momentum SGD's drift grows for about 1 / (1 - momentum) steps, so
-   the very first intervals under-state it) set the target: ``target_scale`` times their mean
-   (``target: calibrate``), or with ``target: lr2`` the target is ``lr2_coef * lr^2`` (variance
-   scales with lr^2 * p), the coefficient given or calibrated as ``target_scale * mean(V / lr^2)``.
-2. At each later synchronisation with variance V and ratio ``V / target``: below ``grow_below``
-   the period grows to ``max(p + 1, ceil(growth * p))`` (at most ``max_period``); above
-   ``shrink_above`` it shrinks to ``min(p - 1, floor(shrink * p))`` (at least ``min_period``);
-   in between it holds. As gradients shrink during training V falls, so the period grows.
-3. Re-tightening: when a step's lr is below ``lr_drop_ratio`` times the previous step's (a step
-   decay), the period resets to ``retighten_period`` and, with ``target: calibrate``, the
-   target is calibrated anew from intervals that start after the drop (the one straddling it
-   mixes both learning rates); the next synchronisation comes at most that many steps after
-   the last one.
-4. Budget: with ``budget_period`` (or ``budget_syncs``) the run never exceeds B, the number of
+1. Drift: V after L local steps is ``rate * drift(L)`` (:func:`drift_growth`: a random walk
+   of the gradient differences filtered by the optimizer's momentum, with the velocity carried
+   across the average under ``keep_local``). Each synchronisation measures
+   ``rate = V / drift(L)`` over its interval L, whatever set that length, so that intervals the
+   budget stretched or a decay cut short are judged alike.
+2. Calibration: the run starts at ``initial_period`` (by default half the budget's period). The
+   first ``calibration_syncs`` synchronisations whose interval starts at or after step
+   ``calibration_warmup`` (by default 1 / (1 - momentum): a momentum buffer that starts at zero
+   understates the drift until then) set the target: ``target_scale`` times the variance their
+   mean rate gives at the calibration's period. The rate scales with lr^2, so the target is kept
+   as a coefficient of lr^2 and moves with the learning rate (an lr warm-up, a cosine decay)
+   between calibrations; ``lr2_coef`` gives the coefficient instead (``target: lr2``).
+3. The rule: the next period is the longest whose predicted variance ``rate * drift(p)`` stays
+   at or under the target, at most ``growth`` times the current period and at least ``shrink``
+   times it (always at least one step either way), within ``[min_period, max_period]``. While
+   the rate is high the period shortens; as gradients and their spread shrink, it lengthens.
+4. Learning-rate decay: when a step's lr is below ``lr_drop_ratio`` times the previous step's,
+   the period resets to ``retighten_period`` (default: the initial period) and the next
+   synchronisation comes at most that many steps after the last one. With ``target: calibrate``
+   the target is calibrated anew from the first intervals that start after the drop (the one
+   straddling it mixes both learning rates and is judged by neither the calibration nor the
+   rule); with ``target: lr2`` the coefficient is kept and the target follows lr^2.
+5. Budget: with ``budget_period`` (or ``budget_syncs``) the run never exceeds B, the number of
    synchronisations CPSGD at that period makes over the run. The last step's synchronisation is
    reserved (with ``final_average``); the other B' = B - 1 follow a budget line: the k-th may
    happen only once the progress (step + 1) / T reaches (k / B' - b) / (1 - b), where b is
    ``budget_borrow``, the fraction of the budget that may be spent ahead of the uniform pace
-   (0: never ahead of CPSGD; 1: no pacing). So the rule can synchronise often early, up to b * B'
-   synchronisations ahead, and what a long period saves later is spent after a re-tightening.
-   The line wins over the rule and ``max_period``; the rule's own period is logged as
-   ``rule_period``, the period in force as ``period``.
-5. With ``final_average`` the last step is always a synchronisation.
+   (0: never ahead of CPSGD; 1: no pacing). When the line defers a synchronisation the rule
+   asked for, the target rises to the variance predicted at the deferred step and the rule
+   takes that period: the target becomes the level of variance this budget affords, and from
+   there the rule lengthens the period as the rate falls. The line only holds syncs back; what a
+   long period saves is spent later, after a re-tightening.
+6. With ``final_average`` the last step is always a synchronisation.
 
-The period sequence depends only on the measured variances and the lr schedule, which are the
-same on every rank (V comes from an allreduce), so every rank takes the same decisions and the
-sequence is deterministic for a seed.
+The decisions depend only on the measured variances and the lr schedule, which are the same on
+every rank (V comes from an allreduce), so every rank takes the same decisions and the sequence
+is deterministic for a seed. ADPSGD logs, at each log point, ``period`` (in force), ``rule_period``
+(the rule's), ``variance``, ``variance_rate`` and ``target`` of the last synchronisation with its
+step ``last_sync``, and ``syncs`` and ``retightens``; :meth:`ADPSGD.sync_events` hands out every
+decision with the step it was taken at.
+
+Ours, not the paper's (this reconstruction works from the paper's abstract, which gives neither a
+formula nor constants): the drift model of step 1 (so that V measured over intervals of different
+lengths can be compared); the calibration and its constants (2 synchronisations, the momentum
+warm-up, half the budget's period) and the target's lr^2 scaling; the rule's form of step 3 and
+its step limits; the re-tightening after a decay of step 4 (the abstract does not mention decays;
+shortening the period when the lr drops follows AdaComm, Wang & Joshi, 2018); the budget line
+and the target that rises to what the budget affords (the paper compares methods at equal
+communication; how a run keeps to a budget is ours).
 
 Usage (run config fragments)::
 
@@ -66,7 +86,8 @@ Usage (run config fragments)::
     method_params: {period: 16}
 
     method: adpsgd
-    method_params: {budget_period: 16, initial_period: 2, calibration_syncs: 4}
+    method_params: {budget_period: 16}                 # initial period 8, calibrated target
+    method_params: {budget_period: 16, target: lr2}    # the target follows lr^2 across decays
 """
 
 from __future__ import annotations
@@ -80,14 +101,48 @@ from commlab.registry import ALGORITHMS
 TARGETS = ("calibrate", "lr2")
 
 
-def next_period(period: int, variance: float, target: float, o) -> int:
-    """The rule of step 2 (a pure function of the options ``o``)."""
-    ratio = variance / target if target > 0 else (0.0 if variance <= 0 else math.inf)
-    if ratio < o.grow_below:
-        return min(o.max_period, max(period + 1, math.ceil(o.growth * period)))
-    if ratio > o.shrink_above:
-        return max(o.min_period, min(period - 1, math.floor(o.shrink * period)))
-    return period
+def drift_growth(steps: int, momentum: float = 0.0, velocity_kept: bool = True) -> float:
+    """How V grows over ``steps`` local steps after an average, in units of (lr * s)^2, where s^2
+    is the variance of one step's gradient difference between replicas (step 1 of the module
+    docstring).
+
+    Momentum SGD moves a replica by ``lr * v_t`` with ``v_t = m * v_(t-1) + g_t``, so the
+    difference of two replicas after L steps is ``lr`` times a sum of L velocities. With
+    independent gradient differences of variance s^2 its variance is s^2 times::
+
+        sum_(j=1..L) ((1 - m^j) / (1 - m))^2                       noise of the interval
+        + (m (1 - m^L) / (1 - m))^2 / (1 - m^2)                    velocity carried over the average
+
+    the second term only when each replica keeps its own momentum across an average
+    (``optimizer_state: keep_local``: the velocity difference is then stationary). Without
+    momentum this is L, a random walk; with momentum m = 0.9 it grows like L^2 over the first
+    1 / (1 - m) steps and like L after."""
+    if steps <= 0:
+        return 0.0
+    m, n = momentum, steps
+    if m == 0:
+        return float(n)
+    noise = (n - 2 * m * (1 - m**n) / (1 - m) + m * m * (1 - m ** (2 * n)) / (1 - m * m)) / (1 - m) ** 2
+    carried = (m * (1 - m**n) / (1 - m)) ** 2 / (1 - m * m) if velocity_kept else 0.0
+    return noise + carried
+
+
+def rule_period(period: int, rate: float, target: float, drift, options) -> int:
+    """Step 3 of the module docstring: the longest period whose predicted variance
+    ``rate * drift(p)`` stays at or under ``target`` (``drift``: :func:`drift_growth` of the
+    run), within one step of the rule (at most ``options.growth`` times longer, at least
+    ``options.shrink`` times shorter, always at least one step either way) and within
+    ``[min_period, max_period]``."""
+    shortest = max(options.min_period, min(period - 1, math.floor(options.shrink * period)))
+    longest = min(options.max_period, max(period + 1, math.ceil(options.growth * period)))
+    if not rate > 0:  # the replicas did not drift apart: nothing calls for an average
+        return longest
+    chosen = shortest
+    for candidate in range(shortest, longest + 1):
+        if rate * drift(candidate) > target:
+            break
+        chosen = candidate
+    return chosen
 
 
 def cpsgd_syncs(period: int, total_steps: int, final_average: bool = True,
@@ -104,99 +159,165 @@ def constant_schedule(period: int, total_steps: int, final_average: bool = True,
     return FixedSchedule(period, period, total_steps, 0, "first" if sync_at_first_step else "last", final_average)
 
 
+def momentum_warmup(momentum: float) -> int:
+    """Steps a momentum buffer that starts at zero takes to build up: 1 / (1 - m)."""
+    return math.ceil(1 / (1 - momentum) - 1e-9) if momentum > 0 else 0
+
+
 class AdaptiveSchedule(Schedule):
-    """ADPSGD's period controller (steps 1-5 of the module docstring), free of processes."""
+    """ADPSGD's period controller (steps 1-6 of the module docstring), free of processes: the
+    family's hooks (``observe_lr``, ``due``, ``after_sync``) drive it in a run, a test drives it
+    with scripted variances.
+
+    Args:
+        options: :class:`ADPSGD.Options`.
+        total_steps: the run's optimizer steps.
+        momentum: the optimizer's momentum (Adam: beta1), for :func:`drift_growth` and the
+            calibration's default warm-up.
+        velocity_kept: whether each replica keeps its momentum across an average
+            (``optimizer_state: keep_local``)."""
 
     kind = "adaptive"
 
-    def __init__(self, o, total_steps: int):
-        super().__init__(o.initial_period)
-        self.o, self.total_steps = o, total_steps
-        self.budget = o.budget_syncs
-        if o.budget_period is not None:
-            self.budget = cpsgd_syncs(o.budget_period, total_steps, o.final_average)
-        self.rule_period = o.initial_period
-        self.period = o.initial_period  # the period in force (after the budget guard)
+    def __init__(self, options, total_steps: int, momentum: float = 0.0, velocity_kept: bool = True):
+        self.options, self.total_steps = options, total_steps
+        self.budget = options.budget_syncs
+        if options.budget_period is not None:
+            self.budget = cpsgd_syncs(options.budget_period, total_steps, options.final_average)
+        initial = options.initial_period if options.initial_period is not None else self._default_initial_period()
+        super().__init__(initial)
+        self.momentum, self.velocity_kept = momentum, velocity_kept
+        self.warmup = momentum_warmup(momentum) if options.calibration_warmup is None else options.calibration_warmup
+        self.rule_period = self.initial_period  # the rule's period
+        self.period = self.initial_period  # the period in force (after the budget line)
         self.syncs, self.last_sync, self.retightens = 0, -1, 0
         self.variance, self.prev_lr = math.nan, None
-        self.target_value: float | None = None  # calibrate: V target; lr2: coefficient of lr^2
-        if o.target == "lr2" and o.lr2_coef is not None:
-            self.target_value = o.lr2_coef
+        self.target_value: float | None = options.lr2_coef  # the target's coefficient of lr^2 (None: calibrating)
         self.calibration: list[float] | None = [] if self.target_value is None else None
-        self.calibrate_from = o.calibration_warmup  # first step of a usable calibration interval
-        self.next_sync = self._schedule_from(-1)
+        self.calibrate_from = self.warmup  # first step of an interval the calibration may use
+        self.clean_from = 0  # first step of an interval the rule may judge (after the last lr drop)
+        # Per synchronisation: (step, V, rate, target, the rule's period, the period in force).
+        self.decisions: list[tuple[int, float, float, float, int, int]] = []
+        self.reported = 0  # decisions already handed out by sync_events()
         self.history: list[tuple[int, int, float]] = []
+        self.next_sync = self._schedule_from(-1)
+
+    def _default_initial_period(self) -> int:
+        """Half the budget's own period (its uniform pace), within ``[min_period, max_period]``;
+        2 without a budget."""
+        options = self.options
+        if self.budget is None:
+            return max(options.min_period, min(options.max_period, 2))
+        pace = options.budget_period or self.total_steps // self.budget
+        return max(options.min_period, min(options.max_period, pace // 2))
 
     # ---- the pieces -----------------------------------------------------------------------------
+    def drift(self, steps: int) -> float:
+        """:func:`drift_growth` over ``steps`` steps with this run's momentum."""
+        return drift_growth(steps, self.momentum, self.velocity_kept)
+
     def target(self, lr: float) -> float:
-        if self.target_value is None:
-            return math.nan
-        return self.target_value * lr**2 if self.o.target == "lr2" else self.target_value
+        """The variance target at learning rate ``lr`` (NaN while calibrating)."""
+        return math.nan if self.target_value is None else self.target_value * lr**2
 
     def _schedule_from(self, step: int) -> int | None:
         """Next synchronisation step after one at ``step`` (-1: the start); None: no more."""
         remaining = self.total_steps - 1 - step
+        self.deferred = False  # whether the budget line, not the rule, sets the next interval
         if remaining <= 0:
             return None
-        p = self.rule_period
+        period = self.rule_period
         if self.budget is not None:
             # The last step's synchronisation is reserved; the others follow the budget line.
-            line = self.budget - (1 if self.o.final_average else 0)
+            line = self.budget - (1 if self.options.final_average else 0)
             if self.syncs + 1 > line:
-                if not self.o.final_average:
+                if not self.options.final_average:
                     return None
-                p = remaining
-            elif self.o.budget_borrow < 1:
+                period = remaining
+            elif self.options.budget_borrow < 1:
                 share = (self.syncs + 1) / line
-                progress = (share - self.o.budget_borrow) / (1 - self.o.budget_borrow)
+                progress = (share - self.options.budget_borrow) / (1 - self.options.budget_borrow)
                 earliest = math.ceil(self.total_steps * progress - 1e-9) - 1
-                p = max(p, earliest - step)
-        if self.o.final_average:
-            p = min(p, remaining)
-        self.period = p
-        return step + p if step + p <= self.total_steps - 1 else None
+                self.deferred = earliest - step > period
+                period = max(period, earliest - step)
+        if self.options.final_average:
+            period = min(period, remaining)
+        self.period = period
+        return step + period if step + period <= self.total_steps - 1 else None
 
     # ---- the hooks ------------------------------------------------------------------------------
     def observe_lr(self, step: int, lr: float) -> None:
-        """Re-tighten when this step's lr dropped below ``lr_drop_ratio`` times the last one."""
-        dropped = self.prev_lr is not None and lr < self.o.lr_drop_ratio * self.prev_lr
+        """Step 4: a step whose lr is below ``lr_drop_ratio`` times the last one's is a decay."""
+        dropped = self.prev_lr is not None and lr < self.options.lr_drop_ratio * self.prev_lr
         self.prev_lr = lr
-        if not (dropped and self.o.retighten):
+        if not dropped:
+            return
+        self.clean_from = step  # the interval straddling the drop mixes both learning rates
+        if not self.options.retighten:
             return
         self.retightens += 1
-        self.rule_period = self.o.retighten_period or self.o.initial_period
-        if self.o.target == "calibrate":
-            self.calibration, self.target_value = [], None
-            self.calibrate_from = step + 1
-        nxt = self._schedule_from(self.last_sync)
-        self.next_sync = None if nxt is None else max(step, nxt)
+        self.rule_period = self.options.retighten_period or self.initial_period
+        if self.options.target == "calibrate" or self.calibration is not None:
+            self.calibration = []
+            self.calibrate_from = step
+            if self.options.target == "calibrate":
+                self.target_value = None
+        following = self._schedule_from(self.last_sync)
+        self.next_sync = None if following is None else max(step, following)
 
     def due(self, step: int) -> str | None:
         return "global" if self.next_sync is not None and step == self.next_sync else None
 
     def after_sync(self, step: int, variance: float, lr: float) -> None:
         self.syncs += 1
-        interval_start, self.last_sync, self.variance = self.last_sync + 1, step, variance
+        start, self.last_sync, self.variance = self.last_sync + 1, step, variance
         self.history.append((step, self.period, variance))
-        if self.calibration is not None:
-            if interval_start >= self.calibrate_from:
-                self.calibration.append(variance / lr**2 if self.o.target == "lr2" else variance)
-            if len(self.calibration) >= self.o.calibration_syncs:
-                self.target_value = self.o.target_scale * sum(self.calibration) / len(self.calibration)
+        rate = variance / self.drift(step - start + 1)
+        if self.calibration is not None and start >= self.calibrate_from and lr > 0:
+            self.calibration.append(rate / lr**2)
+            if len(self.calibration) >= self.options.calibration_syncs:
+                mean = sum(self.calibration) / len(self.calibration)
+                self.target_value = self.options.target_scale * mean * self.drift(self.rule_period)
                 self.calibration = None
-        else:
-            self.rule_period = next_period(self.rule_period, variance, self.target(lr), self.o)
+        if self.calibration is None and start >= self.clean_from:
+            self.rule_period = rule_period(self.rule_period, rate, self.target(lr), self.drift, self.options)
         self.next_sync = self._schedule_from(step)
+        if self.deferred and self.calibration is None and lr > 0:
+            # The budget line deferred the rule's synchronisation: the rule takes the variance it
+            # will reach by then as its target (the level this budget affords) and that period.
+            self.target_value = rate * self.drift(self.period) / lr**2
+            self.rule_period = min(self.options.max_period, self.period)
+        self.decisions.append((step, variance, rate, self.target(lr), self.rule_period, self.period))
 
     def metrics(self) -> dict[str, float]:
-        lr = self.prev_lr if self.prev_lr is not None else math.nan
-        return {"period": float(self.period), "rule_period": float(self.rule_period),
-                "variance": self.variance, "target": self.target(lr), "syncs": float(self.syncs),
-                "retightens": float(self.retightens)}
+        out = {"period": float(self.period), "rule_period": float(self.rule_period), "syncs": float(self.syncs),
+               "retightens": float(self.retightens)}
+        if self.decisions:
+            step, variance, rate, target, _, _ = self.decisions[-1]
+            out.update(last_sync=float(step), variance=variance, variance_rate=rate)
+            if not math.isnan(target):
+                out["target"] = target
+        return out
+
+    def sync_events(self) -> list[tuple[int, dict[str, float]]]:
+        """The decisions taken since the last call, each with its synchronisation's step: V, the
+        target (left out while calibrating), the rule's period and the period in force."""
+        events = []
+        for step, variance, _, target, chosen, in_force in self.decisions[self.reported:]:
+            values = {"variance": variance, "rule_period": float(chosen), "period": float(in_force)}
+            if not math.isnan(target):
+                values["target"] = target
+            events.append((step, values))
+        self.reported = len(self.decisions)
+        return events
 
     _STATE = ("rule_period", "period", "syncs", "last_sync", "retightens", "variance", "prev_lr",
-              "target_value", "calibration", "calibrate_from", "next_sync", "history")
+              "target_value", "calibration", "calibrate_from", "clean_from", "next_sync", "history",
+              "decisions", "reported")
 
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.decisions = [tuple(d) for d in self.decisions]
 
 
 # ---- the methods --------------------------------------------------------------------------------
@@ -240,19 +361,17 @@ class ADPSGD(_VarianceAveraging):
     class Options(FamilyOptions):
         """ADPSGD's options (after the family's; aliases: :class:`FamilyOptions`)."""
 
-        initial_period: int = 2  # period of the calibration phase and the rule's start
+        initial_period: int | None = None  # the calibration's period and the rule's start (None: half the budget's)
         min_period: int = 1  # the rule never goes below this
-        max_period: int = 64  # the rule never goes above this (the budget guard may)
-        growth: float = 2.0  # period multiplier when V is below target * grow_below
-        shrink: float = 0.5  # period multiplier when V is above target * shrink_above
-        grow_below: float = 1.0  # V / target under which the period grows
-        shrink_above: float = 2.0  # V / target over which the period shrinks
-        target: str = "calibrate"  # calibrate: mean V of a CPSGD phase; lr2: coef * lr^2
-        calibration_syncs: int = 4  # synchronisations in the calibration phase
-        calibration_warmup: int = 20  # steps whose drift calibration ignores (momentum warm-up)
+        max_period: int = 64  # the rule never goes above this (the budget line may)
+        growth: float = 2.0  # the rule lengthens the period at most this many times per decision
+        shrink: float = 0.5  # and shortens it to no less than this fraction
+        target: str = "calibrate"  # calibrate: re-calibrated after each lr decay; lr2: calibrated once (or lr2_coef)
+        calibration_syncs: int = 2  # synchronisations the calibration averages
+        calibration_warmup: int | None = None  # steps the first calibration skips (None: 1 / (1 - momentum))
         target_scale: float = 1.0  # multiplies the calibrated target (or coefficient)
-        lr2_coef: float | None = None  # target: lr2 with this coefficient (None: calibrate it)
-        retighten: bool = True  # reset the period when the lr drops
+        lr2_coef: float | None = None  # target: lr2: the target's coefficient of lr^2 (None: calibrate it)
+        retighten: bool = True  # reset the period (and re-calibrate) when the lr drops
         retighten_period: int | None = None  # period after an lr drop (None: initial_period)
         lr_drop_ratio: float = 0.5  # lr below this fraction of the previous step's is a drop
         budget_period: int | None = None  # at most as many syncs as cpsgd at this period
@@ -261,41 +380,44 @@ class ADPSGD(_VarianceAveraging):
 
         def validate(self) -> None:
             super().validate()
-            for name in ("initial_period", "min_period", "max_period", "calibration_syncs"):
-                if getattr(self, name) < 1:
-                    raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-            if not self.min_period <= self.initial_period <= self.max_period:
-                raise ValueError(f"need min_period <= initial_period <= max_period, got "
-                                 f"{self.min_period}, {self.initial_period}, {self.max_period}")
+            for name in ("initial_period", "min_period", "max_period", "calibration_syncs", "retighten_period",
+                         "budget_period", "budget_syncs"):
+                value = getattr(self, name)
+                if value is not None and value < 1:
+                    raise ValueError(f"{name} must be at least 1, got {value}")
+            if self.min_period > self.max_period:
+                raise ValueError(f"need min_period <= max_period, got {self.min_period}, {self.max_period}")
+            for name in ("initial_period", "retighten_period"):
+                value = getattr(self, name)
+                if value is not None and not self.min_period <= value <= self.max_period:
+                    raise ValueError(f"{name} must lie in [min_period, max_period] = [{self.min_period}, "
+                                     f"{self.max_period}], got {value}")
             if self.growth <= 1:
                 raise ValueError(f"growth must be above 1, got {self.growth}")
             if not 0 < self.shrink < 1:
                 raise ValueError(f"shrink must be in (0, 1), got {self.shrink}")
-            if not 0 <= self.grow_below <= self.shrink_above:
-                raise ValueError(f"need 0 <= grow_below <= shrink_above, got {self.grow_below}, "
-                                 f"{self.shrink_above}")
             if self.target not in TARGETS:
                 raise ValueError(f"target must be one of {TARGETS}, got {self.target!r}")
-            if self.calibration_warmup < 0:
+            if self.calibration_warmup is not None and self.calibration_warmup < 0:
                 raise ValueError(f"calibration_warmup must be non-negative, got {self.calibration_warmup}")
             if self.target_scale <= 0:
                 raise ValueError(f"target_scale must be positive, got {self.target_scale}")
             if self.lr2_coef is not None and (self.lr2_coef <= 0 or self.target != "lr2"):
                 raise ValueError(f"lr2_coef must be positive and needs target: lr2, got {self.lr2_coef}")
-            if self.retighten_period is not None and not (
-                    self.min_period <= self.retighten_period <= self.max_period):
-                raise ValueError(f"retighten_period must lie in [min_period, max_period], got "
-                                 f"{self.retighten_period}")
             if not 0 < self.lr_drop_ratio < 1:
                 raise ValueError(f"lr_drop_ratio must be in (0, 1), got {self.lr_drop_ratio}")
             if self.budget_period is not None and self.budget_syncs is not None:
                 raise ValueError("give budget_period or budget_syncs, not both")
             if not 0 <= self.budget_borrow <= 1:
                 raise ValueError(f"budget_borrow must be in [0, 1], got {self.budget_borrow}")
-            for name in ("budget_period", "budget_syncs"):
-                value = getattr(self, name)
-                if value is not None and value < 1:
-                    raise ValueError(f"{name} must be at least 1, got {value}")
 
     def make_schedule(self) -> AdaptiveSchedule:
-        return AdaptiveSchedule(self.options, self.ctx.total_steps)
+        run = self.ctx.run_optimizer
+        momentum = run.betas[0] if run.name == "adam" else run.momentum
+        return AdaptiveSchedule(self.options, self.ctx.total_steps, momentum,
+                                velocity_kept=self.options.optimizer_state == "keep_local")
+
+    def sync_events(self) -> list[tuple[int, dict[str, float]]]:
+        """The rule's decisions since the last call, each with the step of its synchronisation
+        (:meth:`AdaptiveSchedule.sync_events`), for a logger that records them at those steps."""
+        return self.schedule.sync_events()

@@ -1,0 +1,197 @@
+"""ADPSGD's schedule on scripted variances (no processes), at the settings the grids run it at
+(config/papers/adpsgd.yaml, every scale, and the laptop grid re-planned to the whole training set):
+the rule decides the synchronisations (V falling: the period lengthens; V rising: it shortens), the
+calibration completes well before the first decay and again after it, the period re-tightens at
+the decay, the budget holds; the growth model against a brute-force momentum recursion; the
+schedule's state resumes bit for bit."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import itertools
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from commlab.algorithms.adpsgd import ADPSGD, AdaptiveSchedule, cpsgd_syncs, drift_growth
+from commlab.algorithms.base import parse_options
+from commlab.grid import load_grid_file, resolve_grid
+from commlab.loop.optim import lr_at
+
+ROOT = Path(__file__).resolve().parents[1]
+PAPERS = ROOT / "config" / "papers"
+DEFAULTS_OF_RUNS = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["defaults"]  # as `commlab grid`
+TRAINING_SET = {"fashion_mnist": 60_000, "cifar10": 50_000}  # images, for the scales with train_subset: null
+# Every scale but smoke, a 32-step check of the pipeline's plumbing.
+SCALES = ["laptop", *(scale for scale in load_grid_file("adpsgd", PAPERS)["scales"] if scale != "smoke")]
+
+
+@functools.cache
+def _grid(scale: str) -> dict:
+    return resolve_grid("adpsgd", DEFAULTS_OF_RUNS, scale=scale, papers_dir=PAPERS)
+
+
+def _plan(config: dict) -> dict:
+    """What the loop derives from a run config: steps, the lr of every step, the momentum."""
+    train = config["train"]
+    samples = train.get("train_subset") or TRAINING_SET[config["dataset"]]
+    steps_per_epoch = samples // (config["workers"] * train["batch_size"])
+    total = steps_per_epoch * train["epochs"]
+    lrs = [lr_at(step, steps_per_epoch, total, train) for step in range(total)]
+    drops = [step for step in range(1, total) if lrs[step] < 0.5 * lrs[step - 1]]
+    options = parse_options(ADPSGD.Options, config.get("method_params"))
+    return {"options": options, "total": total, "lrs": lrs, "drops": drops, "momentum": train["momentum"]}
+
+
+def _adpsgd_runs(scale: str) -> list[tuple[str, dict]]:
+    """One plan per ADPSGD run of the scale (the seeds share it)."""
+    runs = {name: config for (name, _), config in _grid(scale).items() if config["method"] == "adpsgd"}
+    return [(f"{scale}/{name}", _plan(config)) for name, config in runs.items()]
+
+
+def _longer_laptop() -> tuple[str, dict]:
+    """The laptop grid's ADPSGD run re-planned to the whole training set (its epochs and decay)."""
+    config = copy.deepcopy(_grid("laptop")[("adpsgd_b16", 0)])
+    config["train"]["train_subset"] = None
+    return "laptop/adpsgd_b16 on 60,000 samples", _plan(config)
+
+
+RUNS = [run for scale in SCALES for run in _adpsgd_runs(scale)] + [_longer_laptop()]
+
+
+def _schedule(plan: dict) -> AdaptiveSchedule:
+    return AdaptiveSchedule(plan["options"], plan["total"], plan["momentum"],
+                            velocity_kept=plan["options"].optimizer_state == "keep_local")
+
+
+def _drive(schedule: AdaptiveSchedule, plan: dict, spread, until: int | None = None, start: int = 0):
+    """Run the schedule from ``start`` to ``until``; at each synchronisation V is what replicas
+    drifting apart by ``lr * spread(step)`` a step give over the interval (the drift model of
+    step 1 of the adpsgd module's docstring)."""
+    for step in range(start, plan["total"] if until is None else until):
+        lr = plan["lrs"][step]
+        schedule.observe_lr(step, lr)
+        if schedule.due(step):
+            first = schedule.last_sync + 1
+            rate = sum((plan["lrs"][t] * spread(t)) ** 2 for t in range(first, step + 1)) / (step + 1 - first)
+            schedule.after_sync(step, rate * schedule.drift(step + 1 - first), lr)
+    return schedule
+
+
+def _falling(plan):
+    half = plan["drops"][0] / 4  # the spread halves four times before the first decay
+    return lambda step: 2.0 ** (-step / half)
+
+
+def _rising(plan):
+    half = plan["drops"][0] / 4
+    return lambda step: 2.0 ** (step / half)
+
+
+def _before(schedule, step):
+    return [d for d in schedule.decisions if d[0] < step]
+
+
+@pytest.mark.parametrize("name,plan", RUNS, ids=[r[0] for r in RUNS])
+def test_the_rule_decides_at_every_grid_setting(name, plan):
+    decay = plan["drops"][0]
+    falling, rising = _drive(_schedule(plan), plan, _falling(plan)), _drive(_schedule(plan), plan, _rising(plan))
+    for schedule in (falling, rising):
+        calibrated = [d[0] for d in schedule.decisions if not math.isnan(d[3])]
+        assert calibrated and calibrated[0] < decay / 3, "the calibration completes well before the decay"
+        assert len(schedule.history) <= cpsgd_syncs(plan["options"].budget_period, plan["total"])
+        assert schedule.history[-1][0] == plan["total"] - 1
+    steps = {label: [d[0] for d in _before(s, decay)] for label, s in (("falling", falling), ("rising", rising))}
+    assert steps["falling"] != steps["rising"], "the synchronisations follow V, not only the budget"
+    assert len(steps["falling"]) < len(steps["rising"])  # V falling: fewer synchronisations
+    # V falling: the rule's period is longer at the decay than when the calibration ended.
+    rule = [d[4] for d in _before(falling, decay) if not math.isnan(d[3])]
+    assert rule[-1] > rule[0]
+
+
+@pytest.mark.parametrize("name,plan", RUNS, ids=[r[0] for r in RUNS])
+def test_the_period_retightens_and_recalibrates_after_each_decay(name, plan):
+    schedule = _drive(_schedule(plan), plan, _falling(plan))
+    assert schedule.retightens == len(plan["drops"])
+    bounds = [*plan["drops"], plan["total"]]
+    for drop, end in itertools.pairwise(bounds):
+        before = [d for d in schedule.decisions if d[0] < drop]
+        after = [d for d in schedule.decisions if drop <= d[0] < end]
+        # Re-tightened: the first period after the decay is shorter than the last one before it.
+        assert after[0][4] < before[-1][4]
+        if plan["options"].target == "calibrate":
+            assert math.isnan(after[0][3])  # the straddling interval calibrates nothing
+        judged = [d for d in after if not math.isnan(d[3]) and d[0] < end - 1]
+        assert judged, "the target is known again before the next decay or the end"
+        assert judged[0][0] - drop < (end - drop) / 2
+
+
+def test_the_laptop_grid_schedule_differs_from_the_budget_line_alone():
+    """The laptop grid's ADPSGD run does not follow the budget line alone (steps 1, 3, 5, 29, 52,
+    75, 98, 122, 145, 168, 191: the schedule of a rule that never leaves its calibration), whatever
+    V does."""
+    plan = _plan(_grid("laptop")[("adpsgd_b16", 0)])
+    budget_line_alone = [1, 3, 5, 29, 52, 75, 98, 122, 145, 168, 191]
+    for spread in (_falling(plan), _rising(plan), lambda step: 1.0):
+        assert [h[0] for h in _drive(_schedule(plan), plan, spread).history] != budget_line_alone
+
+
+# ---- the growth model against the momentum recursion --------------------------------------------
+def _growth_by_recursion(steps: int, momentum: float, velocity_kept: bool) -> float:
+    """Var(x_L) of x_t = x_(t-1) + v_t, v_t = m v_(t-1) + g_t with unit-variance g, x_0 = 0 and
+    v_0 stationary (kept) or 0: the covariance of (x, v) carried step by step."""
+    a = torch.tensor([[1.0, momentum], [0.0, momentum]], dtype=torch.float64)
+    q = torch.ones(2, 2, dtype=torch.float64)
+    v0 = 1 / (1 - momentum**2) if velocity_kept else 0.0
+    cov = torch.tensor([[0.0, 0.0], [0.0, v0]], dtype=torch.float64)
+    for _ in range(steps):
+        cov = a @ cov @ a.T + q
+    return cov[0, 0].item()
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.5, 0.9, 0.99])
+@pytest.mark.parametrize("velocity_kept", [True, False])
+def test_drift_growth_equals_the_momentum_recursion(momentum, velocity_kept):
+    for steps in (1, 2, 3, 7, 16, 23, 64, 200):
+        expected = _growth_by_recursion(steps, momentum, velocity_kept)
+        assert drift_growth(steps, momentum, velocity_kept) == pytest.approx(expected, rel=1e-9)
+    assert drift_growth(0, momentum, velocity_kept) == 0.0
+
+
+# ---- resume ------------------------------------------------------------------------------------
+def _saved(schedule: AdaptiveSchedule) -> dict:
+    """The schedule's state as a checkpoint holds it (through torch.save and torch.load)."""
+    buffer = io.BytesIO()
+    torch.save(schedule.state_dict(), buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
+
+
+def _bits(records: list[tuple]) -> list[tuple]:
+    """Records with every float as its exact bits (NaN equals NaN)."""
+    return [tuple(x.hex() if isinstance(x, float) else x for x in record) for record in records]
+
+
+@pytest.mark.parametrize("name,plan", RUNS[:1] + RUNS[-1:], ids=[RUNS[0][0], RUNS[-1][0]])
+def test_the_schedule_resumes_bit_for_bit(name, plan):
+    spread = _falling(plan)
+    whole = _drive(_schedule(plan), plan, spread)
+    sync_steps = [d[0] for d in whole.decisions]
+    calibrating = next(d[0] for d in whole.decisions if not math.isnan(d[3]))
+    drop = plan["drops"][0]
+    cuts = sorted({1, sync_steps[1], calibrating - 1, calibrating + 1, drop, drop + 1, plan["total"] - 2})
+    for cut in cuts:
+        first = _drive(_schedule(plan), plan, spread, until=cut)
+        first.sync_events()  # what a log point handed out before the checkpoint
+        resumed = _schedule(plan)
+        resumed.load_state_dict(_saved(first))
+        _drive(resumed, plan, spread, start=cut)
+        assert _bits(resumed.decisions) == _bits(whole.decisions)
+        assert _bits(resumed.history) == _bits(whole.history) and resumed.metrics() == whole.metrics()
+        # The decisions taken after the checkpoint are handed out once, after the resume.
+        assert [step for step, _ in resumed.sync_events()] == [d[0] for d in whole.decisions if d[0] >= cut]
