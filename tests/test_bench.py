@@ -156,7 +156,7 @@ def _wire_run(method, accounted, payload, messages, log_points=2, steps=8, worke
 
 
 def test_wire_table_explains_each_gap_by_name():
-    from commlab.bench.wire import CONTROL, GLOO_FRAMING_BYTES, SPARSE_METRICS, allreduce_wire, table
+    from commlab.bench.wire_vs_accounted import CONTROL, GLOO_FRAMING_BYTES, SPARSE_METRICS, allreduce_wire, table
 
     control = allreduce_wire(CONTROL[1], CONTROL[2], 2) * 2 / 8  # 2 log points over 8 steps, all ranks
     metrics = allreduce_wire(SPARSE_METRICS[1], SPARSE_METRICS[2], 2) * 2 / 8  # a sparse method's own
@@ -188,7 +188,7 @@ def test_wire_table_explains_each_gap_by_name():
 def test_wire_without_emulated_links_still_writes_the_table(tmp_path, monkeypatch):
     """--run-missing where no link can be emulated: the files' methods are tabled, the others say
     why they are not measured, and nothing fails."""
-    import commlab.bench.wire as wire
+    import commlab.bench.wire_vs_accounted as wire
 
     monkeypatch.setattr(wire, "emulation_unavailable", lambda: "not root")
     source = tmp_path / "throughput.json"
@@ -235,7 +235,7 @@ def test_wire_table_names_a_servers_replies_in_flight_and_no_more():
     """A parameter server's replies reach the accounting at rank 0's next step: at a window's edges
     up to one reply per remote worker, accounted / (2 steps) per worker and step, is named; a gap
     beyond it is not."""
-    from commlab.bench.wire import CONTROL, GLOO_FRAMING_BYTES, allreduce_wire, table
+    from commlab.bench.wire_vs_accounted import CONTROL, GLOO_FRAMING_BYTES, allreduce_wire, table
 
     control = allreduce_wire(CONTROL[1], CONTROL[2], 2) * 2 / 8
     edge = 5e5 / (2 * 8) * 2  # the allowance of both workers: accounted per worker (5e5) / (2 x 8 steps)

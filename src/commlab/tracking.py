@@ -411,7 +411,3 @@ class RunTracker:
             self.flush()
         finally:
             with_retries(self.client.set_terminated, self.run_id, status=status, what=f"mark run {status}")
-
-
-def flattened_params(config: dict) -> dict:
-    return flatten(config)

@@ -6,7 +6,7 @@ summary). Training-based benchmarks run ``commlab train`` on their workers, on l
 an :class:`~commlab.launch.netem.EmulatedNetwork`, with a private MLflow store, and read the logged
 cumulative counters back to get per-step time, compute, bytes and collectives. On emulated links
 every run also keeps each rank's log-point totals beside its link's counters
-(:mod:`commlab.launch.wire`), from which :func:`wire_summary` takes the bytes on the wire of the
+(:mod:`commlab.launch.wire_logs`), from which :func:`wire_summary` takes the bytes on the wire of the
 measured window.
 """
 
@@ -190,7 +190,7 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     result["final"] = record.get("final", {})
     result["points"] = metric_points(workdir.uri, record["run_id"])
     if net is not None:
-        from commlab.launch.wire import counters_delta, read_logs
+        from commlab.launch.wire_logs import counters_delta, read_logs
 
         result["wire_logs"] = read_logs(folder / "wire", config["workers"])
         result["wire_run"] = counters_delta(*wire_run)
@@ -239,7 +239,7 @@ def wire_summary(result: dict, from_step: int = 0) -> dict:
 
     Every rank's log has one line per log point, in order; rank 0's accounted bytes at each line
     must equal its logged ``bytes_sent``, which checks that line and step agree."""
-    from commlab.launch.wire import window
+    from commlab.launch.wire_logs import window
 
     logged = [p for p in result["points"] if "wall_seconds" in p]
     logs = result["wire_logs"]
