@@ -1,8 +1,9 @@
 """Emulated networks: shaping is effective, and nothing (namespace, link, process) outlives a run.
 
 Needs root and iproute2; skipped otherwise (the checks of the error messages run everywhere).
-The allreduce check asserts generous bounds around the bandwidth-limited time (a physical floor
-and a loose ceiling); the precise figures come from ``commlab bench collectives``.
+The allreduce check asserts the physical floor of the bandwidth-limited time only: no load can
+make an allreduce beat its link, while a loaded machine can slow it down at will. How close it
+comes to that floor is measured, printed and flagged by ``commlab bench collectives``.
 """
 
 import json
@@ -168,8 +169,10 @@ def test_sigterm_to_the_launcher_leaves_nothing(tmp_path):
 
 
 @needs_root
-def test_shaped_allreduce_is_bandwidth_limited(tmp_path):
-    """10M floats, 4 ranks, 1 Gbit/s links: the ring moves 2(P-1)/P n floats through each link."""
+def test_a_shaped_allreduce_never_beats_its_link(tmp_path):
+    """10M floats, 4 ranks, 1 Gbit/s links: the ring moves 2(P-1)/P n floats through each link,
+    so the allreduce cannot take less than that at the link's rate (less the token bucket's burst:
+    the 0.8). Its ratio to the bound has no ceiling here (BOUND_CEILING in the benchmark)."""
     from commlab.bench.collectives import _measure_in
 
     n, workers, mbit = 10 * 2**20, 4, 1000.0
@@ -177,7 +180,7 @@ def test_shaped_allreduce_is_bandwidth_limited(tmp_path):
         row = _measure_in(net, workers, n, repeats=2, warmup=1, scratch=str(tmp_path))
     bound_s = 2 * (workers - 1) / workers * n * 4 / (mbit * 1e6 / 8)
     ratio = row["raw_ms"] / 1e3 / bound_s
-    assert 0.8 <= ratio <= 2.0, f"measured {row['raw_ms']:.0f} ms vs bound {bound_s * 1e3:.0f} ms"
+    assert 0.8 <= ratio, f"measured {row['raw_ms']:.0f} ms vs bound {bound_s * 1e3:.0f} ms"
 
 
 # One worker of the allreduce check below: the Communicator's accounting and the link's counters
