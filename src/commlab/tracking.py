@@ -1,9 +1,9 @@
 """MLflow: one experiment per paper, one run per (paper, method variant, seed), rank 0 only.
 
-This module is the project's one door to MLflow: the store and its client (:func:`client`), the
-experiments (:func:`ensure_experiments`), what a training run records (:func:`run_params`,
-:func:`run_tags`: the config and what the rank learnt building the run, :class:`RunFacts`), the
-run itself (:class:`RunTracker`) and its failure marks. The loop opens its run once, through
+Where the project meets MLflow: the store and its one client (:func:`client`), the experiments
+(:func:`ensure_experiments`), what a training run records (:func:`run_params`, :func:`run_tags`:
+the config and what the rank learnt building the run, :class:`RunFacts`), the run itself
+(:class:`RunTracker`) and its failure marks. The loop opens its run with one call,
 :func:`commlab.loop.logger.open_logger`; where the code came from (commit, source tags) is
 :mod:`commlab.provenance`'s.
 

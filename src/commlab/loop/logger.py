@@ -18,10 +18,14 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
 from commlab.config import run_dir
+
+if TYPE_CHECKING:
+    from commlab.tracking import RunFacts
 
 
 class NullLogger:
@@ -76,8 +80,8 @@ def _never_mask(call: Callable[[], object], rank: int, run_id: str | None, statu
               file=sys.stderr, flush=True)
 
 
-def open_logger(config: dict, facts, runtime, run_id: str | None, relay: str | None = None) -> NullLogger:
-    """Every rank's logger for this run. ``facts``: the rank's :class:`commlab.tracking.RunFacts`;
+def open_logger(config: dict, facts: RunFacts, runtime, run_id: str | None, relay: str | None = None) -> NullLogger:
+    """Every rank's logger for this run. ``facts``: what the rank learnt building the run;
     ``runtime``: its rank and world (``is_main``, ``rank``, ``world_size``); ``run_id``: the
     checkpoint's run (None on a first start); ``relay``: the launcher's tracking relay (rank 0
     logs through it)."""
@@ -90,7 +94,7 @@ def open_logger(config: dict, facts, runtime, run_id: str | None, relay: str | N
     return logger or NullLogger(run_id, runtime.rank, tracking.get("uri"))
 
 
-def _open_run(config: dict, facts, run_id: str | None, relay: str | None) -> RunLogger:
+def _open_run(config: dict, facts: RunFacts, run_id: str | None, relay: str | None) -> RunLogger:
     """Rank 0: the run opened with its params and tags, and its id noted for the launcher, should
     every worker die (an NCCL watchdog aborts them all)."""
     from commlab.tracking import run_params, run_tags, write_run_record
