@@ -1,8 +1,9 @@
 """Emulated networks: shaping is effective, and nothing (namespace, link, process) outlives a run.
 
 Needs root and iproute2; skipped otherwise (the checks of the error messages run everywhere).
-The allreduce check asserts generous bounds around the bandwidth-limited time (a physical floor
-and a loose ceiling); the precise figures come from ``commlab bench collectives``.
+The allreduce check asserts the physical floor of the bandwidth-limited time only: no load can
+make an allreduce beat its link, while a loaded machine can slow it down at will. How close it
+comes to that floor is measured, printed and flagged by ``commlab bench collectives``.
 """
 
 import json
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from commlab.launch import launch, netem, run_in_network, wire
+from commlab.launch import launch, netem, run_in_network, wire_logs
 from commlab.launch.netem import EmulatedNetwork, NetemError, NetworkSpec
 
 needs_root = pytest.mark.skipif(
@@ -168,8 +169,10 @@ def test_sigterm_to_the_launcher_leaves_nothing(tmp_path):
 
 
 @needs_root
-def test_shaped_allreduce_is_bandwidth_limited(tmp_path):
-    """10M floats, 4 ranks, 1 Gbit/s links: the ring moves 2(P-1)/P n floats through each link."""
+def test_a_shaped_allreduce_never_beats_its_link(tmp_path):
+    """10M floats, 4 ranks, 1 Gbit/s links: the ring moves 2(P-1)/P n floats through each link,
+    so the allreduce cannot take less than that at the link's rate (less the token bucket's burst:
+    the 0.8). Its ratio to the bound has no ceiling here (BOUND_CEILING in the benchmark)."""
     from commlab.bench.collectives import _measure_in
 
     n, workers, mbit = 10 * 2**20, 4, 1000.0
@@ -177,7 +180,7 @@ def test_shaped_allreduce_is_bandwidth_limited(tmp_path):
         row = _measure_in(net, workers, n, repeats=2, warmup=1, scratch=str(tmp_path))
     bound_s = 2 * (workers - 1) / workers * n * 4 / (mbit * 1e6 / 8)
     ratio = row["raw_ms"] / 1e3 / bound_s
-    assert 0.8 <= ratio <= 2.0, f"measured {row['raw_ms']:.0f} ms vs bound {bound_s * 1e3:.0f} ms"
+    assert 0.8 <= ratio, f"measured {row['raw_ms']:.0f} ms vs bound {bound_s * 1e3:.0f} ms"
 
 
 # One worker of the allreduce check below: the Communicator's accounting and the link's counters
@@ -223,9 +226,9 @@ def test_allreduce_on_the_wire_is_the_accounted_formula_plus_headers(tmp_path):
         framing = GLOO_FRAMING_BYTES * d["messages_sent"]  # symmetric ring: as many received as sent
         headers = netem.FRAME_HEADER_BYTES * d["wire_tx_packets"]
         assert accounted < d["wire_tx_bytes"] <= accounted + framing + headers + 0.002 * accounted
-        assert abs(wire.payload(d) - accounted - framing) <= 0.002 * accounted
+        assert abs(wire_logs.payload(d) - accounted - framing) <= 0.002 * accounted
     # From outside, the namespaces' counters see the same link: what rank 0 sent, rank 1 received.
-    whole = wire.counters_delta(before, after)["per_rank"]
+    whole = wire_logs.counters_delta(before, after)["per_rank"]
     assert whole[0]["wire_tx_bytes"] == pytest.approx(whole[1]["wire_rx_bytes"], rel=0.01)
     assert whole[0]["wire_tx_bytes"] > repeats * 4 * n
 
@@ -243,20 +246,20 @@ def test_wire_windows_per_rank_and_summed(tmp_path):
                  line(2, 3000 * (rank + 1), 6000 * (rank + 1), 25, {"all_reduce": {"bytes_sent": 3000,
                                                                                    "messages_sent": 4}})]
         (tmp_path / f"rank{rank}.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    logs = wire.read_logs(tmp_path, 2)
-    w = wire.window(logs, 1, 2, steps=4)
+    logs = wire_logs.read_logs(tmp_path, 2)
+    w = wire_logs.window(logs, 1, 2, steps=4)
     assert w["log_points"] == 1 and w["steps"] == 4
     assert [r["bytes_sent"] for r in w["per_rank"]] == [500, 1000]  # (3000 - 1000) / 4, (6000 - 2000) / 4
     assert w["per_rank"][0]["wire_tx_payload"] == (6000 - 3000 - 15 * netem.FRAME_HEADER_BYTES) / 4
     assert w["sum"]["bytes_sent"] == 1500 and w["sum"]["messages_sent"] == 1
     assert w["sum"]["by_op"] == {"all_reduce": {"bytes_sent": 1000, "messages_sent": 1}}
     assert w["sum"]["payload_over_accounted"] == pytest.approx(w["sum"]["wire_tx_payload"] / 1500)
-    summary = json.loads(wire.write_summary(tmp_path, 2).read_text())
+    summary = json.loads(wire_logs.write_summary(tmp_path, 2).read_text())
     assert summary["log_points"] == 2 and summary["sum"]["bytes_sent"] == 3000 + 6000
     with pytest.raises(ValueError, match="rank 0 logged 3 points"):
-        wire.window(logs, 0, 3, steps=1)
+        wire_logs.window(logs, 0, 3, steps=1)
     with pytest.raises(FileNotFoundError, match="rank 2"):
-        wire.read_logs(tmp_path, 3)
+        wire_logs.read_logs(tmp_path, 3)
 
 
 def test_the_launcher_and_the_workers_name_the_same_variables():

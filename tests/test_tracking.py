@@ -1,27 +1,30 @@
 """What the MLflow UI reads from a run made by RunTracker: the experiment's kind and description,
-the source and git tags, the dataset input and the emulated network's numbers as metrics
+the source and git tags, the dataset input and the emulated network's numbers as metrics; and
+what the loop's one call to open its run (commlab.loop.logger.open_logger) records
 (commlab.tracking)."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from commlab.config import DEFAULTS, deep_merge
+from commlab.config import DEFAULTS, deep_merge, flatten
+from commlab.grid import grid_title
 from commlab.launch.command import RELAY_REMARK
+from commlab.provenance import ENTRY_MODULE, git_commit
 from commlab.tracking import (
     DESCRIPTION_TAG,
-    ENTRY_MODULE,
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
+    RUN_RECORD,
+    RunFacts,
     RunTracker,
     ensure_experiments,
-    git_commit,
-    paper_title,
-    source_tags,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +83,7 @@ def test_new_run_carries_source_dataset_and_network_metrics(tmp_path, uri, monke
 
     experiment = c.get_experiment(tracker.experiment_id)
     assert experiment.name == "kstep" and experiment.tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
-    assert experiment.tags[DESCRIPTION_TAG] == paper_title("kstep") and paper_title("kstep").startswith("K-step")
+    assert experiment.tags[DESCRIPTION_TAG] == grid_title("kstep") and grid_title("kstep").startswith("K-step")
 
 
 def test_the_source_is_the_module_every_training_process_runs():
@@ -141,10 +144,10 @@ def test_ensure_experiments_sets_kind_and_description_on_new_and_old_experiments
     for name, exp_id in ids.items():
         tags = c.get_experiment(exp_id).tags
         assert tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND, name
-        assert tags.get(DESCRIPTION_TAG) == paper_title(name), name
+        assert tags.get(DESCRIPTION_TAG) == grid_title(name), name
     assert c.get_experiment(ids["redsync"]).tags[DESCRIPTION_TAG].startswith("RedSync: residual gradient compression")
     assert DESCRIPTION_TAG not in c.get_experiment(ids["adhoc"]).tags  # no paper: no description
-    assert paper_title("adhoc") is None
+    assert grid_title("adhoc") is None
 
 
 def test_mlflow_init_command_sets_kind_and_description(tmp_path, uri):
@@ -157,31 +160,112 @@ def test_mlflow_init_command_sets_kind_and_description(tmp_path, uri):
                                      "with sparse baselines")
 
 
-def test_source_tags_outside_a_checkout(monkeypatch):
-    """Without git (or a checkout) the run still names its source, just no version."""
-    monkeypatch.setenv("PATH", "/nonexistent")
-    assert set(source_tags()) == {"mlflow.source.name", "mlflow.source.type"}
-
-
-def test_git_commit_outside_a_checkout(monkeypatch):
-    monkeypatch.setenv("PATH", "/nonexistent")
-    assert git_commit() == "unknown"
-
-
-def test_only_a_recording_rank_computes_the_tags():
+def test_only_a_recording_rank_computes_the_tags(monkeypatch):
     """The run's tags run git: rank 0 with tracking on computes them, no other rank, and no rank
     with tracking off."""
-    from types import SimpleNamespace
-
+    import commlab.tracking
     from commlab.loop.logger import NullLogger, open_logger
 
-    def tags():
+    def no_git():
         raise AssertionError("tags computed where nothing records them")
 
+    monkeypatch.setattr(commlab.tracking, "git_commit", no_git)
+    facts = RunFacts(workers=1, backend="gloo", data_hash=None)
     other_rank = SimpleNamespace(is_main=False, rank=1, world_size=1)
-    assert isinstance(open_logger({"tracking": {"enabled": True}}, {}, tags, other_rank, "r1"), NullLogger)
+    assert isinstance(open_logger({"tracking": {"enabled": True}}, facts, other_rank, "r1"), NullLogger)
     rank0 = SimpleNamespace(is_main=True, rank=0, world_size=1)
-    assert isinstance(open_logger({"tracking": {"enabled": False}}, {}, tags, rank0, None), NullLogger)
+    assert isinstance(open_logger({"tracking": {"enabled": False}}, facts, rank0, None), NullLogger)
+
+
+# What the launcher puts into a run's config under an emulated network (network.emulated).
+EMULATED = {"network_emulated": True, "network_bandwidth_mbit": 100.0, "network_latency_ms": 0.0,
+            "network_label": "emulated 100 Mbit/s", "network_measured_mbit": 97.25, "network_qdisc": "tbf"}
+
+
+def _loop_config(tmp_path, uri, network=None):
+    config = deep_merge(DEFAULTS, {"paper": "kstep", "name": "probe", "method": "kstep", "seed": 1, "scale": "smoke",
+                                   "model": "mlp", "dataset": "fashion_mnist", "data_dir": str(tmp_path / "prepared"),
+                                   "output_dir": str(tmp_path / "out"), "tracking": {"uri": uri, "experiment": "kstep"},
+                                   "method_params": {"k": 4}})
+    config["network"] = network
+    (tmp_path / "prepared" / "fashion_mnist").mkdir(parents=True, exist_ok=True)
+    return config
+
+
+FACTS = RunFacts(workers=2, backend="gloo", data_hash=HASH, method_options={"k": 4, "local_steps": 1},
+                 method_settings={"schedule.period": 4}, model_parameters=1234, test_samples=500)
+
+
+def _open_and_close(config, facts=FACTS):
+    from commlab.loop.logger import RunLogger, open_logger
+
+    logger = open_logger(config, facts, SimpleNamespace(is_main=True, rank=0, world_size=1), None)
+    assert isinstance(logger, RunLogger)
+    logger.close("FINISHED")
+    return logger.run_id
+
+
+@pytest.mark.parametrize("emulated", [False, True])
+def test_the_loops_one_call_records_the_runs_params_tags_and_network(tmp_path, uri, monkeypatch, emulated):
+    """open_logger on rank 0 opens a run that holds the config flattened, every method option, the
+    method's derived settings, the model's size, the evaluation's size, the run's tags over the
+    source tags, the scale in its name, the dataset as input; under an emulated network the link
+    as the launcher built and measured it (settings as params, numbers as metrics at step 0, its
+    label as a tag); and the run record for the launcher beside the run's outputs."""
+    from commlab.loop.heap import describe
+    from commlab.provenance import source_tags
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the paper's title: config/papers/kstep.yaml
+    settings = {"bandwidth_mbit": 100.0, "latency_ms": 0.0}
+    config = _loop_config(tmp_path, uri, {**settings, "emulated": EMULATED} if emulated else None)
+    run_id = _open_and_close(config)
+    client = MlflowClient(uri)
+    run = client.get_run(run_id)
+
+    # Params: the config (its network section without the launcher's part) and what the loop adds.
+    others = {k: v for k, v in config.items() if k != "network"}
+    expected = {key: str(value) for key, value in flatten(others).items()}
+    expected |= {"method_params.k": "4", "method_params.local_steps": "1", "schedule.period": "4",
+                 "model_parameters": "1234", "test_images": "500"}
+    if emulated:
+        expected |= {"network.bandwidth_mbit": "100.0", "network.latency_ms": "0.0", "network_emulated": "True",
+                     "network_label": "emulated 100 Mbit/s", "network_qdisc": "tbf"}
+    else:
+        expected["network"] = "None"
+    assert run.data.params == expected
+    # Metrics: the network's numbers only, at step 0 (a measurement is no param).
+    network_metrics = {"network.bandwidth_mbit": 100.0, "network.latency_ms": 0.0, "network_bandwidth_mbit": 100.0,
+                       "network_latency_ms": 0.0, "network_measured_mbit": 97.25} if emulated else {}
+    assert run.data.metrics == network_metrics
+    assert all(point.step == 0 for key in network_metrics for point in client.get_metric_history(run_id, key))
+    # Tags: the run's own over MLflow's source tags, and its name with the scale.
+    tags = {"paper": "kstep", "method": "kstep", "name": "probe", "seed": "1", "workers": "2", "backend": "gloo",
+            "git_commit": git_commit(), "data_hash": HASH, "model": "mlp", "dataset": "fashion_mnist",
+            "scale": "smoke", "worker_malloc": describe(), **source_tags(), "mlflow.runName": "probe-seed1-smoke"}
+    if emulated:
+        tags["network"] = "emulated 100 Mbit/s"
+    assert run.data.tags == tags and run.info.run_name == "probe-seed1-smoke"
+    [entry] = run.inputs.dataset_inputs
+    assert (entry.dataset.name, entry.dataset.digest) == ("fashion_mnist", HASH[:12])
+    assert str(tmp_path / "prepared" / "fashion_mnist") in entry.dataset.source
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "kstep" and experiment.tags[DESCRIPTION_TAG] == grid_title("kstep")
+    record = json.loads((tmp_path / "out" / RUN_RECORD).read_text())
+    assert record == {"run_id": run_id, "uri": uri}
+
+
+def test_the_loops_one_call_without_scale_test_set_or_known_data(tmp_path, uri):
+    """An ad-hoc run: named without a scale, tagged scale adhoc, no test_images param, and no
+    dataset input when the data's hash is unknown (the tag says None)."""
+    config = {**_loop_config(tmp_path, uri), "scale": None, "paper": "adhoc", "name": None,
+              "tracking": {"uri": uri, "experiment": None}}
+    run_id = _open_and_close(config, RunFacts(workers=1, backend="gloo", data_hash=None))
+    run = MlflowClient(uri).get_run(run_id)
+    assert run.info.run_name == "kstep-seed1" and run.data.tags["scale"] == "adhoc"
+    assert run.data.tags["name"] == "kstep" and run.data.tags["data_hash"] == "None"
+    assert "test_images" not in run.data.params and run.data.params["model_parameters"] == "0"
+    assert run.inputs.dataset_inputs == []
+    assert MlflowClient(uri).get_experiment(run.info.experiment_id).name == "adhoc"
 
 
 def _run_without_git(rank, world, config):

@@ -131,11 +131,17 @@ def test_the_printed_command_runs_the_workers_without_the_launchers_relay(monkey
 
 
 def test_rank_0_opens_its_run_through_the_relay_without_importing_mlflow(tmp_path, uri, relay):
-    """The point of the relay: rank 0 spends none of MLflow's import (about 2 s of CPU)."""
+    """The point of the relay: rank 0 spends none of MLflow's import (about 2 s of CPU), also
+    while it assembles the run's params and tags (the loop's one call, open_logger)."""
+    config = {**_params(tmp_path, uri, "probe"), "output_dir": str(tmp_path / "out")}
     probe = (
         "import sys\n"
-        "from commlab.loop.logger import RunLogger\n"
-        f"logger = RunLogger({_params(tmp_path, uri, 'probe')!r}, {{}}, None, {relay.address!r})\n"
+        "from types import SimpleNamespace\n"
+        "from commlab.loop.logger import open_logger\n"
+        "from commlab.tracking import RunFacts\n"
+        "rank0 = SimpleNamespace(is_main=True, rank=0, world_size=1)\n"
+        f"logger = open_logger({config!r}, RunFacts(workers=1, backend='gloo', data_hash=None), rank0, None, "
+        f"{relay.address!r})\n"
         "logger.log_metrics({'train_loss': 0.5}, 2)\n"
         "logger.close('FINISHED')\n"
         "print(logger.run_id, sorted(m for m in sys.modules if m == 'mlflow' or m.startswith('mlflow.')))\n")

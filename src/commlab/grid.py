@@ -33,6 +33,8 @@ import yaml
 
 from commlab.config import DEFAULTS, ConfigError, deep_merge, validate_config
 
+PAPERS_DIR = "config/papers"  # the paper grids, relative to the project's root
+
 
 def grid_schema() -> dict:
     return yaml.safe_load(resources.files("commlab").joinpath("schemas/grid.schema.yaml").read_text())
@@ -52,7 +54,7 @@ def check_grid(grid: object, where: str) -> None:
         raise ConfigError(f"{where}: key {key}: {err.message}")
 
 
-def load_grid_file(paper: str, papers_dir: str | Path = "config/papers") -> dict:
+def load_grid_file(paper: str, papers_dir: str | Path = PAPERS_DIR) -> dict:
     path = Path(papers_dir) / f"{paper}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in Path(papers_dir).glob("*.yaml"))
@@ -63,7 +65,7 @@ def load_grid_file(paper: str, papers_dir: str | Path = "config/papers") -> dict
 
 
 def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop",
-                 papers_dir: str | Path = "config/papers") -> dict[tuple[str, int], dict]:
+                 papers_dir: str | Path = PAPERS_DIR) -> dict[tuple[str, int], dict]:
     """All run configs of a paper at a scale: ``{(name, seed): config}``, validated."""
     grid = load_grid_file(paper, papers_dir)
     base = deep_merge(DEFAULTS, defaults or {})
@@ -100,5 +102,11 @@ def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop"
     return configs
 
 
-def grid_title(paper: str, papers_dir: str | Path = "config/papers") -> str:
-    return load_grid_file(paper, papers_dir).get("title", paper)
+def grid_title(paper: str, papers_dir: str | Path = PAPERS_DIR) -> str | None:
+    """The title of the paper ``paper`` (``title:`` of its grid file), or None when there is no
+    such title: no grid of that name in ``papers_dir`` (an ad-hoc experiment, or a working
+    directory away from the project's root), or a grid without one. Callers that must show
+    something show the paper's name instead."""
+    if not (Path(papers_dir) / f"{paper}.yaml").exists():
+        return None
+    return load_grid_file(paper, papers_dir).get("title")

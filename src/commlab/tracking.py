@@ -1,5 +1,12 @@
 """MLflow: one experiment per paper, one run per (paper, method variant, seed), rank 0 only.
 
+Where the project meets MLflow: the store and its one client (:func:`client`), the experiments
+(:func:`ensure_experiments`), what a training run records (:func:`run_params`, :func:`run_tags`:
+the config and what the rank learnt building the run, :class:`RunFacts`), the run itself
+(:class:`RunTracker`) and its failure marks. The loop opens its run with one call,
+:func:`commlab.loop.logger.open_logger`; where the code came from (commit, source tags) is
+:mod:`commlab.provenance`'s.
+
 The store defaults to SQLite inside the project (``sqlite:///<cwd>/mlflow.db``);
 ``MLFLOW_TRACKING_URI`` or the config's ``tracking.uri`` override it. On clusters use a tracking
 server (``mlflow server --backend-store-uri postgresql://...``) or a database server: SQLite's
@@ -7,7 +14,8 @@ file locking is not reliable on NFS/Lustre (docs/cluster.md).
 
 Lifecycle of a run, across restarts (the run id travels in every checkpoint):
 
-* created RUNNING with tags and the flattened config as params;
+* created RUNNING, named ``<name>-seed<seed>[-<scale>]`` (:func:`run_name`), with the tags of
+  :func:`run_tags` and the flattened params of :func:`run_params`;
 * metrics are buffered and written in batches at epoch ends (and at least every
   ``FLUSH_EVERY_S`` seconds), so a long epoch still shows progress;
 * stopped by SIGTERM (preemption): checkpoint, then KILLED; the re-launched job reopens the same
@@ -30,7 +38,8 @@ What the MLflow UI shows besides params and metrics:
   source: the Dataset column), taken from what the run already knows, never by reading the data
   again;
 * an emulated network's numeric settings and measurements (``network.bandwidth_mbit``,
-  ``network_measured_mbit``, ...) are metrics at step 0, so runs can be charted against link speed.
+  ``network_measured_mbit``, ...) are metrics at step 0, so runs can be charted against link speed
+  (:func:`split_network`, the one place that reads the config's network section for MLflow).
 
 Under ``commlab launch`` on one node, rank 0's calls are made for it by the launcher, which has
 imported MLflow while the workers started (:mod:`commlab.tracking_relay`): the same calls, in the
@@ -45,12 +54,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from commlab.config import flatten
+from commlab.grid import grid_title
+from commlab.provenance import git_commit, source_tags
 
 # Telemetry off before mlflow is imported anywhere (no network here, and none wanted).
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -67,11 +78,7 @@ TRANSIENT = ("database is locked", "database is busy", "temporarily_unavailable"
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # read by the MLflow 3 UI to choose the experiment's page
 EXPERIMENT_KIND = "custom_model_development"  # "Machine learning": opens on the runs table
-DESCRIPTION_TAG = "mlflow.note.content"  # an experiment's description in the MLflow UI
-PAPERS_DIR = "config/papers"  # the paper grids, whose `title:` describes each paper's experiment
-#: The module every training process runs (``python -m commlab.loop``, ``commlab train`` and each
-#: worker the launcher starts): a run's source.
-ENTRY_MODULE = Path(__file__).resolve().parent / "loop" / "worker.py"
+DESCRIPTION_TAG = "mlflow.note.content"  # an experiment's description (a paper's: its grid's title)
 DATASET_DIGEST_CHARS = 12  # MLflow stores at most 36; `commlab data prepare` prints the same 12
 NETWORK_PREFIXES = ("network.", "network_")  # the config's section, the launcher's measured values
 
@@ -128,76 +135,32 @@ def warm_up(configured: str | None = None) -> None:
         configure_mappers()
 
 
-def paper_title(name: str, papers_dir: str | Path = PAPERS_DIR) -> str | None:
-    """The title of the paper ``name`` from its grid (``title:`` of config/papers/<name>.yaml), or
-    None for an experiment that is no paper's (no grid there)."""
-    if not (Path(papers_dir) / f"{name}.yaml").exists():
-        return None
-    from commlab.grid import load_grid_file
-
-    return load_grid_file(name, papers_dir).get("title")
-
-
 def ensure_experiments(names: list[str], uri: str | None = None) -> dict[str, str]:
     """Create the experiments that do not exist yet, each of the training-runs kind and described
     by its paper's title (existing ones get both too); return name -> id. Call this once before
     parallel jobs start (two processes creating the SQLite schema at once fail)."""
-    c = client(uri)
-    return {name: _experiment_id(c, name, paper_title(name)) for name in names}
+    store = client(uri)
+    return {name: _experiment_id(store, name) for name in names}
 
 
-def _experiment_id(c, name: str, description: str | None = None) -> str:
+def _experiment_id(store, name: str) -> str:
     """The experiment's id, created if missing; its kind set to training runs either way, and its
-    description to ``description`` where one is given."""
+    description to its paper's title where it is a paper's (:func:`commlab.grid.grid_title`)."""
+    description = grid_title(name)
     wanted = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, **({DESCRIPTION_TAG: description} if description else {})}
-    exp = with_retries(c.get_experiment_by_name, name, what="get experiment")
-    if exp is None:
+    experiment = with_retries(store.get_experiment_by_name, name, what="get experiment")
+    if experiment is None:
         try:
-            return with_retries(c.create_experiment, name, tags=wanted, what="create experiment")
+            return with_retries(store.create_experiment, name, tags=wanted, what="create experiment")
         except Exception:  # noqa: BLE001 - another job created it meanwhile
-            exp = with_retries(c.get_experiment_by_name, name, what="get experiment")
+            experiment = with_retries(store.get_experiment_by_name, name, what="get experiment")
     # Older stores' experiments have no kind (the UI then guesses GenAI) and no description. These
     # experiments hold training runs only, so any other kind is set back (a write only when a tag differs).
     for key, value in wanted.items():
-        if exp.tags.get(key) != value:
-            with_retries(c.set_experiment_tag, exp.experiment_id, key, value, what=f"set experiment tag {key}")
-    return exp.experiment_id
-
-
-def git_commit() -> str:
-    """The commit of the code that runs, with ``-dirty`` when the tree has changes ("unknown"
-    without git or a checkout)."""
-    commit = _git("rev-parse", "HEAD")
-    if not commit:
-        return "unknown"
-    return commit + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no") else "")
-
-
-def _git(*args: str) -> str:
-    """One git command's output in the code's checkout ("" when git or the checkout is absent, or
-    when it fails). Bounded: a git stalled on a slow disk must not stall a run's start."""
-    try:
-        out = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[2], capture_output=True,
-                             text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
-def source_tags() -> dict[str, str]:
-    """MLflow's standard source tags for a run of this checkout's training loop: the UI's Source
-    column (the program: :data:`ENTRY_MODULE`) and Version column (the commit, linked when the
-    remote is known)."""
-    tags = {"mlflow.source.name": str(ENTRY_MODULE), "mlflow.source.type": "LOCAL"}
-    head = _git("rev-parse", "HEAD", "--abbrev-ref", "HEAD").splitlines()
-    if len(head) == 2:
-        tags["mlflow.source.git.commit"] = head[0]
-        if head[1] != "HEAD":  # not a detached checkout
-            tags["mlflow.source.git.branch"] = head[1]
-    remote = _git("config", "--get", "remote.origin.url")
-    if remote:
-        tags["mlflow.source.git.repoURL"] = remote
-    return tags
+        if experiment.tags.get(key) != value:
+            with_retries(store.set_experiment_tag, experiment.experiment_id, key, value,
+                         what=f"set experiment tag {key}")
+    return experiment.experiment_id
 
 
 def dataset_input(name: str, digest: str, path: str | Path | None):
@@ -215,7 +178,15 @@ def dataset_input(name: str, digest: str, path: str | Path | None):
 def split_network(config: dict) -> tuple[dict, dict]:
     """``(params, metrics)`` of a flattened config: the network's numbers (the config's
     ``network.*`` section and the launcher's ``network_*`` measurements) are metrics; the
-    config's section stays among the params as well, as the run's settings."""
+    config's section stays among the params as well, as the run's settings.
+
+    Under an emulated network the launcher puts the link as built and measured into the config's
+    section (``network.emulated``: ``network_label``, ``network_measured_mbit``, ...): those keys
+    are recorded as top-level ``network_*`` keys, and a section left empty as ``network: None``."""
+    if isinstance(config.get("network"), dict):
+        network = dict(config["network"])
+        emulated = network.pop("emulated", None) or {}
+        config = {**config, "network": network or None, **emulated}
     params, metrics = {}, {}
     for key, value in flatten(config).items():
         is_number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -225,6 +196,53 @@ def split_network(config: dict) -> tuple[dict, dict]:
                 continue  # a measurement, not a setting
         params[key] = value
     return params, metrics
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What a rank learns while it builds its run, recorded beside the config."""
+
+    workers: int  # the world size
+    backend: str  # the backend in use (``auto`` resolved)
+    data_hash: str | None  # the prepared data's content hash (meta.json), None when unknown
+    method_options: dict = field(default_factory=dict)  # the method's options, defaults included
+    method_settings: dict = field(default_factory=dict)  # what the method derives from them (schedule.*)
+    model_parameters: int = 0
+    test_samples: int | None = None  # the evaluation's size, where the task has a test set
+
+
+def run_params(config: dict, facts: RunFacts) -> dict:
+    """A new run's params, before flattening: the config, every method option (the defaults
+    included, so that runs compare on all of them), the model's size, what the method derives
+    and the evaluation's size (the reports' standard errors need it)."""
+    params = {**config, "method_params": facts.method_options, "model_parameters": facts.model_parameters,
+              **facts.method_settings}
+    if facts.test_samples is not None:
+        params["test_images"] = facts.test_samples
+    return params
+
+
+def run_tags(config: dict, facts: RunFacts) -> dict[str, str]:
+    """A new run's tags (MLflow's source tags come on top when it is created). Runs git: compute
+    them only where they are recorded. Under an emulated network the link's label is a tag too."""
+    from commlab.loop.heap import describe
+
+    tags = {"paper": config["paper"], "method": config["method"],
+            "name": config.get("name") or config["method"], "seed": str(config["seed"]),
+            "workers": str(facts.workers), "backend": facts.backend, "git_commit": git_commit(),
+            "data_hash": str(facts.data_hash), "model": config["model"],
+            "dataset": config["dataset"], "scale": config.get("scale") or "adhoc",
+            "worker_malloc": describe()}  # speed, not numbers, depends on it (loop/heap.py)
+    emulated = (config.get("network") or {}).get("emulated")
+    if emulated:
+        tags["network"] = str(emulated.get("network_label", emulated.get("network_bandwidth_mbit")))
+    return tags
+
+
+def run_name(config: dict) -> str:
+    """``<name>-seed<seed>``, with ``-<scale>`` when the config names its scale."""
+    name = f"{config.get('name') or config['method']}-seed{config['seed']}"
+    return f"{name}-{config['scale']}" if config.get("scale") else name
 
 
 def _prepared_folder(data_dir: str | None, name: str | None) -> Path | None:
@@ -287,8 +305,9 @@ def record_failure(folder: str | Path, reason: str, rank: int | None = None) -> 
 class RunTracker:
     """Rank 0's handle on its MLflow run (a new one, or the checkpoint's ``run_id`` reopened).
 
-    ``config`` is the run config, flattened into params; ``tags`` are set on a new run over the
-    source tags of :func:`source_tags`. A new run also gets its dataset as a run input and the
+    ``config`` is the run config, flattened into params (the loop's: :func:`run_params`); ``tags``
+    are set on a new run over the source tags of :func:`commlab.provenance.source_tags` (the loop's:
+    :func:`run_tags`); a new run is named by :func:`run_name`. A new run also gets its dataset as a run input and the
     emulated network's numbers as metrics at step 0 (see :func:`split_network`). The optional
     keywords say what would otherwise be taken from ``config`` and ``tags``:
 
@@ -309,15 +328,14 @@ class RunTracker:
         self.uri = tracking_uri(tracking.get("uri"))
         self.client = client(self.uri)
         experiment = tracking.get("experiment") or config.get("paper") or "adhoc"
-        self.experiment_id = _experiment_id(self.client, experiment, paper_title(experiment))
+        self.experiment_id = _experiment_id(self.client, experiment)
         self.buffer: list = []
         self.last_flush = time.monotonic()
         self.logged_upto: dict[str, int] = {}  # metric key -> highest step already in the store
         if run_id and self._reopen(run_id):
             self.run_id = run_id
             return
-        name = f"{config.get('name') or config['method']}-seed{config['seed']}"
-        run = with_retries(self.client.create_run, self.experiment_id, run_name=name,
+        run = with_retries(self.client.create_run, self.experiment_id, run_name=run_name(config),
                            tags={**source_tags(), **tags}, what="create run")
         self.run_id = run.info.run_id
         params, network_metrics = split_network({**config, **(network_info or {})})
@@ -393,7 +411,3 @@ class RunTracker:
             self.flush()
         finally:
             with_retries(self.client.set_terminated, self.run_id, status=status, what=f"mark run {status}")
-
-
-def flattened_params(config: dict) -> dict:
-    return flatten(config)

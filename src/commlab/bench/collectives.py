@@ -20,6 +20,10 @@ with that completion time. Without CUDA it says so and measures nothing.
 Network check (when root and iproute2 are available): the same measurement of ``--check-elements``
 floats on loopback, in unshaped namespaces and on ``--check-mbit`` links, against the ring bound
 ``2(P-1)/P * n * 4 bytes / rate`` (from the nominal rate and from the measured link throughput).
+It prints the shaped allreduce's time over the nominal bound and flags a ratio above
+:data:`BOUND_CEILING`: the link is then not what limits the allreduce (a loaded machine, or
+shaping not in force). The ratio is a measurement of the machine, so it is reported here and never
+asserted by a test; tests/test_netem.py keeps only the floor, which no load can break.
 
     commlab bench collectives                                  # defaults: 1K..16M, 20 repeats
     commlab bench collectives --sizes 1K 1M --repeats 5 --check-mbit 0    # quick, no namespaces
@@ -49,6 +53,7 @@ from commlab.bench.common import (
 from commlab.registry import BENCHMARKS
 
 DEFAULT_SIZES = ["1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M"]
+BOUND_CEILING = 2.0  # a shaped allreduce slower than this many ring bounds is flagged: not bandwidth-limited
 
 
 def measure(rank: int, world: int, sizes: list[int], repeats: int, warmup: int, device: str = "cpu") -> dict:
@@ -197,10 +202,24 @@ def network_check(workers: int, n: int, mbit: float, repeats: int, warmup: int) 
                 row["measured_over_predicted"] = row["raw_ms"] / row["predicted_nominal_ms"]
                 row["measured_over_predicted_measured_link"] = row["raw_ms"] / row["predicted_measured_link_ms"]
                 row["within_20pct"] = abs(row["measured_over_predicted"] - 1) <= 0.2
+                row["bandwidth_limited"] = row["measured_over_predicted"] <= BOUND_CEILING
             rows.append(row)
     shaped, unshaped = rows[-1], rows[1]
     return {"elements": n, "workers": workers, "ring_bytes_per_rank": ring_bytes, "rows": rows,
-            "shaped_over_unshaped": shaped["raw_ms"] / unshaped["raw_ms"]}
+            "shaped_over_unshaped": shaped["raw_ms"] / unshaped["raw_ms"],
+            "measured_over_bound": shaped["measured_over_predicted"], "bound_ceiling": BOUND_CEILING,
+            "bandwidth_limited": shaped["bandwidth_limited"]}
+
+
+def bound_line(check: dict) -> str:
+    """The network check's verdict in one line: the shaped allreduce's time over its ring bound,
+    flagged when above the ceiling."""
+    ratio, ceiling = check["measured_over_bound"], check["bound_ceiling"]
+    if check["bandwidth_limited"]:
+        return (f"Shaped allreduce / ring bound (nominal rate): {ratio:.2f}, within {ceiling:g}x: "
+                f"the link limits it.")
+    return (f"FLAG: shaped allreduce / ring bound (nominal rate): {ratio:.2f}, above {ceiling:g}x: the link "
+            f"is not what limits it (a loaded machine, or shaping not in force).")
 
 
 def nccl_unavailable(workers: int | None) -> str | None:
@@ -300,6 +319,7 @@ def collectives(argv: list[str], json_path: str | None = None) -> int:
                                         ("predicted_nominal_ms", "ring bound ms (nominal)"),
                                         ("predicted_measured_link_ms", "ring bound ms (measured link)"),
                                         ("measured_over_predicted", "measured / bound")]), "",
+               bound_line(check),
                f"Shaped / unshaped time: {check['shaped_over_unshaped']:.2f}x. The ring bound is a model "
                f"(2(P-1)/P n bytes through each worker's link); the other columns are measured."]
     else:

@@ -6,7 +6,7 @@ summary). Training-based benchmarks run ``commlab train`` on their workers, on l
 an :class:`~commlab.launch.netem.EmulatedNetwork`, with a private MLflow store, and read the logged
 cumulative counters back to get per-step time, compute, bytes and collectives. On emulated links
 every run also keeps each rank's log-point totals beside its link's counters
-(:mod:`commlab.launch.wire`), from which :func:`wire_summary` takes the bytes on the wire of the
+(:mod:`commlab.launch.wire_logs`), from which :func:`wire_summary` takes the bytes on the wire of the
 measured window.
 """
 
@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import platform
 import shutil
 import tempfile
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from commlab.config import apply_override
+from commlab.provenance import environment
 
 OUT_DIR = "reports/bench"
 POINT_KEYS = ("wall_seconds", "samples", "compute_seconds", "comm_seconds", "bytes_sent", "bytes_recv",
@@ -86,20 +85,6 @@ def emulation_unavailable() -> str | None:
 
 
 # ---------------------------------------------------------------------- output
-def environment() -> dict:
-    import torch
-
-    from commlab.loop.heap import describe
-    from commlab.tracking import git_commit
-
-    cuda = torch.cuda.is_available()
-    return {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
-            "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
-            "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
-            "cuda": cuda, "git_commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "worker_malloc": describe()}  # the training workers' malloc settings (loop/heap.py)
-
-
 def md_table(rows: list[dict], columns: list[tuple[str, str]]) -> str:
     """A markdown table of ``rows`` with ``(key, header)`` columns; floats get 4 significant digits."""
     def cell(v) -> str:
@@ -154,9 +139,10 @@ class Workdir:
         self.uri = f"sqlite:///{self.path / 'mlflow.db'}"
         self.count = 0
         try:
-            # Once, before any worker touches the store. A plain client: mlflow.set_tracking_uri would
-            # export MLFLOW_TRACKING_URI and pin every later store of this process to this one.
-            _mlflow_client(self.uri).create_experiment("bench")
+            # Once, before any worker touches the store (two workers creating it at once fail).
+            from commlab.tracking import ensure_experiments
+
+            ensure_experiments(["bench"], self.uri)
         except BaseException:  # an error or a signal before the caller holds the folder to close it
             self.close()
             raise
@@ -204,27 +190,22 @@ def run_training(config: dict, workdir: Workdir, net=None, timeout_note: str = "
     result["final"] = record.get("final", {})
     result["points"] = metric_points(workdir.uri, record["run_id"])
     if net is not None:
-        from commlab.launch.wire import counters_delta, read_logs
+        from commlab.launch.wire_logs import counters_delta, read_logs
 
         result["wire_logs"] = read_logs(folder / "wire", config["workers"])
         result["wire_run"] = counters_delta(*wire_run)
     return result
 
 
-def _mlflow_client(uri: str):
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    from mlflow.tracking import MlflowClient
-
-    return MlflowClient(uri)
-
-
 def metric_points(uri: str, run_id: str) -> list[dict]:
     """The run's logged metrics as one dict per logged step."""
-    c = _mlflow_client(uri)
+    from commlab.tracking import client
+
+    store = client(uri)
     by_step: dict[int, dict] = {}
     for key in POINT_KEYS:
-        for m in c.get_metric_history(run_id, key):
-            by_step.setdefault(m.step, {"step": m.step})[key] = m.value
+        for point in store.get_metric_history(run_id, key):
+            by_step.setdefault(point.step, {"step": point.step})[key] = point.value
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -258,7 +239,7 @@ def wire_summary(result: dict, from_step: int = 0) -> dict:
 
     Every rank's log has one line per log point, in order; rank 0's accounted bytes at each line
     must equal its logged ``bytes_sent``, which checks that line and step agree."""
-    from commlab.launch.wire import window
+    from commlab.launch.wire_logs import window
 
     logged = [p for p in result["points"] if "wall_seconds" in p]
     logs = result["wire_logs"]

@@ -101,7 +101,7 @@ def launch_emulated(config: dict, config_path: str, sentinel: str | None, sectio
     ``relay``, is reached from every network namespace.)"""
     from commlab.config import run_dir
     from commlab.launch.netem import WIRE_LOG_ENV, EmulatedNetwork, NetemError, NetworkSpec, Terminated
-    from commlab.launch.wire import write_summary
+    from commlab.launch.wire_logs import write_summary
 
     try:
         spec = NetworkSpec.from_config(section)

@@ -73,8 +73,3 @@ def load_checkpoint(folder: str | Path, rank: int, world_size: int, map_location
             f"{world_size}; resume with the same number of workers or delete {folder}"
         )
     return torch.load(folder / info["dir"] / f"rank{rank}.pt", map_location=map_location, weights_only=False)
-
-
-def latest_step(folder: str | Path) -> int | None:
-    latest = Path(folder) / "latest.json"
-    return json.loads(latest.read_text())["step"] if latest.exists() else None

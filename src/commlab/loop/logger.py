@@ -1,5 +1,12 @@
 """The loop's one logger: rank 0 logs to its MLflow run, every other rank gets a null logger.
 
+:func:`open_logger` is the loop's one call to open its run, made once on every rank: on rank 0
+with tracking on it assembles the run's params and tags from the config and the rank's
+:class:`~commlab.tracking.RunFacts` (:func:`commlab.tracking.run_params`, :func:`commlab.tracking.run_tags`:
+git runs there and nowhere else), opens the run (a new one, or the checkpoint's reopened; through
+the launcher's relay when there is one, :mod:`commlab.tracking_relay`) and notes its id beside the
+run's outputs for the launcher (:func:`commlab.tracking.write_run_record`).
+
 The loop calls ``log_metrics`` / ``flush`` / ``log_artifact`` / ``close`` on every rank without
 asking which rank it is. Every rank learns the run id (it travels in the checkpoints), so that
 rank 1 can mark the run FAILED when rank 0 died: nobody else would.
@@ -11,8 +18,14 @@ import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
+
+from commlab.config import run_dir
+
+if TYPE_CHECKING:
+    from commlab.tracking import RunFacts
 
 
 class NullLogger:
@@ -38,18 +51,12 @@ class NullLogger:
 
 
 class RunLogger(NullLogger):
-    """Rank 0's MLflow run (:class:`commlab.tracking.RunTracker`): the checkpoint's run reopened,
-    or a new one with the run's tags and ``params`` (the flattened config and what the run adds).
-    ``relay``: the launcher's tracking relay, which makes the calls (:mod:`commlab.tracking_relay`)."""
+    """Rank 0's MLflow run: a :class:`commlab.tracking.RunTracker` in this process, or its calls
+    made by the launcher's relay (:class:`commlab.tracking_relay.RelayedTracker`)."""
 
-    def __init__(self, params: dict, tags: dict[str, str], run_id: str | None, relay: str | None = None):
-        from commlab.tracking_relay import open_tracker
-
-        self.tracker = open_tracker(params, tags, run_id, relay)
-        super().__init__(self.tracker.run_id, 0)
-        if params.get("scale") and self.tracker.run_id != run_id:  # a new run: the scale in its name
-            name = f"{params.get('name') or params['method']}-seed{params['seed']}-{params['scale']}"
-            self.tracker.set_tag("mlflow.runName", name)
+    def __init__(self, tracker):
+        self.tracker = tracker
+        super().__init__(tracker.run_id, 0)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self.tracker.log_metrics(metrics, step)
@@ -65,28 +72,43 @@ class RunLogger(NullLogger):
         _never_mask(lambda: self.tracker.finish(status), self.rank, self.run_id, status)
 
 
-def _never_mask(fn, rank: int, run_id: str | None, status: str) -> None:
+def _never_mask(call: Callable[[], object], rank: int, run_id: str | None, status: str) -> None:
     try:
-        fn()
+        call()
     except Exception as err:  # noqa: BLE001 - never mask the error that ended the run
         print(f"[commlab] rank {rank}: could not mark the MLflow run {run_id} {status}: {err}",
               file=sys.stderr, flush=True)
 
 
-def open_logger(config: dict, params: dict, tags: Callable[[], dict[str, str]], rt, run_id: str | None,
-                relay: str | None = None) -> NullLogger:
-    """Every rank's logger for this run; ``run_id`` is the checkpoint's run (None on a first start),
-    ``relay`` the launcher's tracking relay (rank 0 logs through it). ``tags()`` is called where
-    they are recorded only, on rank 0 with tracking on (they run git)."""
+def open_logger(config: dict, facts: RunFacts, runtime, run_id: str | None, relay: str | None = None) -> NullLogger:
+    """Every rank's logger for this run. ``facts``: what the rank learnt building the run;
+    ``runtime``: its rank and world (``is_main``, ``rank``, ``world_size``); ``run_id``: the
+    checkpoint's run (None on a first start); ``relay``: the launcher's tracking relay (rank 0
+    logs through it)."""
     tracking = config["tracking"]
     if not tracking.get("enabled", True):
-        return NullLogger(run_id, rt.rank)
-    logger = RunLogger(params, tags(), run_id, relay) if rt.is_main else None
-    if rt.world_size > 1:
-        # The others wait for rank 0's MLflow set-up on a group of their own with a generous
-        # timeout: a slow tracking server is not a dead peer.
-        waiting = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(600.0, config["timeout_s"])))
-        box = [logger.run_id if logger else None]
-        dist.broadcast_object_list(box, src=0, group=waiting)
-        run_id = box[0]
-    return logger or NullLogger(run_id, rt.rank, tracking.get("uri"))
+        return NullLogger(run_id, runtime.rank)
+    logger = _open_run(config, facts, run_id, relay) if runtime.is_main else None
+    if runtime.world_size > 1:
+        run_id = _shared_run_id(logger.run_id if logger else None, config["timeout_s"])
+    return logger or NullLogger(run_id, runtime.rank, tracking.get("uri"))
+
+
+def _open_run(config: dict, facts: RunFacts, run_id: str | None, relay: str | None) -> RunLogger:
+    """Rank 0: the run opened with its params and tags, and its id noted for the launcher, should
+    every worker die (an NCCL watchdog aborts them all)."""
+    from commlab.tracking import run_params, run_tags, write_run_record
+    from commlab.tracking_relay import open_tracker
+
+    tracker = open_tracker(run_params(config, facts), run_tags(config, facts), run_id, relay)
+    write_run_record(run_dir(config), tracker.run_id, config["tracking"].get("uri"))
+    return RunLogger(tracker)
+
+
+def _shared_run_id(run_id: str | None, timeout_s: float) -> str | None:
+    """Rank 0's ``run_id``, on every rank. The others wait for rank 0's MLflow set-up on a group
+    of their own with a generous timeout: a slow tracking server is not a dead peer."""
+    waiting = dist.new_group(backend="gloo", timeout=timedelta(seconds=max(600.0, timeout_s)))
+    shared = [run_id]  # broadcast_object_list fills the list in place on the other ranks
+    dist.broadcast_object_list(shared, src=0, group=waiting)
+    return shared[0]

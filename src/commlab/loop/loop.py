@@ -52,7 +52,7 @@ from commlab.core.runtime import seed_per_rank
 from commlab.loop.checkpoint import load_checkpoint, save_checkpoint
 from commlab.loop.display import ProgressDisplay
 from commlab.loop.evaluation import evaluate_on_main
-from commlab.loop.logger import RunLogger, open_logger
+from commlab.loop.logger import open_logger
 from commlab.loop.method import build_method, take_step
 from commlab.loop.metrics import NonFiniteLoss, control, step_metrics
 from commlab.loop.optim import lr_at
@@ -71,6 +71,7 @@ from commlab.loop.runstate import (
 from commlab.loop.tasks import build_task
 from commlab.loop.timing import StepTimer
 from commlab.models import build_model
+from commlab.tracking import RunFacts
 
 __all__ = ["EXIT_PREEMPTED", "Run", "add_loss", "steps", "train"]
 
@@ -80,24 +81,24 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
     parsed Options (parsed here when not given); ``tracking_relay``: the launcher's relay that
     makes rank 0's MLflow calls (:mod:`commlab.tracking_relay`). A SIGTERM/SIGINT ends the run
     with a checkpoint and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
-    rt = init_runtime(config["backend"], config["timeout_s"], config["device"])
-    if rt.note and rt.is_main:
-        print(f"[commlab] {rt.note}", file=sys.stderr, flush=True)
+    runtime = init_runtime(config["backend"], config["timeout_s"], config["device"])
+    if runtime.note and runtime.is_main:
+        print(f"[commlab] {runtime.note}", file=sys.stderr, flush=True)
     stop = StopSignal()
     stop.install()
     try:
         torch.set_num_threads(config["threads"])
-        seed_everything(config["seed"], rt.rank)
+        seed_everything(config["seed"], runtime.rank)
         configure_tf32(config["train"])
-        run = Run(config, rt, options, tracking_relay)
+        run = Run(config, runtime, options, tracking_relay)
         status = "FAILED"
         try:
             steps(run, stop)
             run.finish()
             status = "FINISHED"
-            if rt.is_main:
+            if runtime.is_main:
                 write_outputs(config, run.out, sentinel, run.logger, run.p.final, run.p.golden, run.data.meta,
-                              run.ckpt_dir, rt.world_size)
+                              run.ckpt_dir, runtime.world_size)
             return run.p.final
         except Preempted:
             status = "KILLED"
@@ -108,8 +109,8 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
     except Preempted:
         raise SystemExit(EXIT_PREEMPTED) from None
     except RuntimeError as err:
-        if isinstance(err, dist.DistError) or any(k in str(err) for k in ("gloo", "NCCL", "Connection")):
-            print(f"[commlab] rank {rt.rank}: a collective failed: a peer died, or stalled for more than "
+        if isinstance(err, dist.DistError) or any(word in str(err) for word in ("gloo", "NCCL", "Connection")):
+            print(f"[commlab] rank {runtime.rank}: a collective failed: a peer died, or stalled for more than "
                   f"timeout_s={config['timeout_s']} s ({str(err).splitlines()[0][:160]})", file=sys.stderr, flush=True)
         raise
     finally:
@@ -120,17 +121,18 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
 def steps(run: Run, stop: StopSignal) -> None:
     """The step loop: every step of the run, an evaluation (and checkpoint) at each epoch end, a
     log point every ``train.log_every`` steps; all ranks agree there to stop on a SIGTERM."""
-    p, data = run.p, run.data
+    progress, data = run.p, run.data
     # A checkpoint taken on SIGTERM at an epoch's last step resumes with pos == steps_per_epoch:
     # the epoch's evaluation is still due.
-    while p.step < data.total_steps or p.pos == data.steps_per_epoch:
-        if p.pos == data.steps_per_epoch:
+    while progress.step < data.total_steps or progress.pos == data.steps_per_epoch:
+        if progress.pos == data.steps_per_epoch:
             run.end_epoch()
             continue
-        with contextlib.closing(data.batches(p.epoch, p.pos)) as batches:  # closed: loader workers stop
-            while p.pos < data.steps_per_epoch and p.step < data.total_steps:
+        with contextlib.closing(data.batches(progress.epoch, progress.pos)) as batches:  # closed: loader workers stop
+            while progress.pos < data.steps_per_epoch and progress.step < data.total_steps:
                 run.step(next(batches))
-                if (p.step % run.log_every == 0 or p.step == data.total_steps) and run.log_point(stop.requested):
+                at_log_point = progress.step % run.log_every == 0 or progress.step == data.total_steps
+                if at_log_point and run.log_point(stop.requested):
                     raise Preempted()
 
 
@@ -142,60 +144,47 @@ def add_loss(window: torch.Tensor, loss: torch.Tensor) -> None:
 
 
 class Run:
-    """One rank's experiment: what a step needs, and the step, log point, epoch end and finish."""
+    """One rank's experiment: what a step needs, and the step, log point, epoch end and finish.
+    ``p`` is the run's :class:`~commlab.loop.runstate.Progress` (step, position, running sums)."""
 
-    def __init__(self, config: dict, rt, options=None, tracking_relay: str | None = None):
-        self.config, self.rt, self.tcfg = config, rt, config["train"]
+    def __init__(self, config: dict, runtime, options=None, tracking_relay: str | None = None):
+        self.config, self.runtime, self.train_config = config, runtime, config["train"]
         self.out = run_dir(config)
         self.ckpt_dir = self.out / "checkpoints"
-        self.log_every = self.tcfg["log_every"]
+        self.log_every = self.train_config["log_every"]
         self.step_delay_s = float((config.get("testing") or {}).get("step_delay_s", 0))
         # The run's task (commlab.loop.tasks): its data on this rank, loss and test metrics.
-        self.data = data = build_task(config, rt)
-        self.model = build_model(config["model"], **data.model_inputs(), **config["model_options"]).to(rt.device)
+        self.data = data = build_task(config, runtime)
+        self.model = build_model(config["model"], **data.model_inputs(), **config["model_options"]).to(runtime.device)
         # One device clock times the collectives, the method's pieces and the steps; its pending
         # intervals (CUDA events) are read at log points and checkpoints.
         self.clock = DeviceClock()
         self.comm = Communicator(stats=CommStats(), clock=self.clock)
-        self.timer = StepTimer(self.clock, self.comm.stats, rt.device)
+        self.timer = StepTimer(self.clock, self.comm.stats, runtime.device)
         self.control = ControlChannel()  # the log point's allreduce: instrumentation, not counted
         self.algo = build_method(config["method"], self.model, self.comm,
                                  config.get("method_params") if options is None else options,
-                                 runtime=rt, train=self.tcfg, seed=config["seed"],
+                                 runtime=runtime, train=self.train_config, seed=config["seed"],
                                  steps_per_epoch=data.steps_per_epoch, total_steps=data.total_steps,
                                  workers_per_node=config["workers"], clock=self.clock, control=self.control)
         # The model was initialised from the shared seed; from here each rank draws its own dropout masks.
-        seed_per_rank(config["seed"], rt.rank)
+        seed_per_rank(config["seed"], runtime.rank)
 
         self.p = Progress()
         self.resume()
         # The loss window lives on the device: the host reads it at log points and checkpoints
         # only (a per-step read would make the host wait for every step's kernels).
-        self.loss_window = torch.full((), self.p.window_loss, dtype=torch.float64, device=rt.device)
-        # MLflow gets every method option, the defaults included, so that runs compare on all of them.
-        # The emulated link's figures (network.emulated) are params of their own: network_label, ...
-        network = dict(config.get("network") or {})
-        emulated = network.pop("emulated", None) or {}
-        # The method adds what it derives from its options (the periodic family's schedule.*).
-        params = {**config, "network": network or None, "method_params": dataclasses.asdict(self.algo.options),
-                  "model_parameters": sum(t.numel() for t in self.model.parameters()), **emulated,
-                  **self.algo.run_params()}
-        if hasattr(data, "test_samples"):  # the evaluation's size: the reports' standard errors need it
-            params["test_images"] = data.test_samples
-        self.logger = open_logger(config, params, self.tags, rt, self.p.run_id, tracking_relay)
+        self.loss_window = torch.full((), self.p.window_loss, dtype=torch.float64, device=runtime.device)
+        self.logger = open_logger(config, self.facts(), runtime, self.p.run_id, tracking_relay)
         self.p.run_id = self.logger.run_id
-        if rt.is_main and isinstance(self.logger, RunLogger):  # for the launcher, should every worker die
-            from commlab.tracking import write_run_record
-
-            write_run_record(self.out, self.logger.run_id, config["tracking"].get("uri"))
         self.display = ProgressDisplay(data.total_steps, self.p.step, config.get("name") or config["method"],
-                                       enabled=rt.is_main)
+                                       enabled=runtime.is_main)
         self.lr = 0.0
         self.t_start = time.perf_counter()
 
     def resume(self) -> None:
         """Everything a step depends on comes back from this rank's checkpoint, if there is one."""
-        state = load_checkpoint(self.ckpt_dir, self.rt.rank, self.rt.world_size)
+        state = load_checkpoint(self.ckpt_dir, self.runtime.rank, self.runtime.world_size)
         if state is None:
             return
         check_fingerprint(state.get("fingerprint"), self.config, str(self.ckpt_dir))
@@ -203,48 +192,42 @@ class Run:
         self.algo.optimizer.load_state_dict(state["optimizer"])
         self.algo.load_state_dict(state["algorithm"])
         self.comm.stats.load_state_dict(state["stats"])
-        set_rng_state(state["rng"], self.rt.device)
+        set_rng_state(state["rng"], self.runtime.device)
         self.data.load_state_dict(state.get("task", {}))
-        p = self.p = Progress.from_state(state["progress"])
-        if self.rt.is_main:
-            print(f"[commlab] resuming from the checkpoint at step {p.step} (epoch {p.epoch})"
-                  + (f", torchrun restart {self.rt.restart}" if self.rt.restart else ""), file=sys.stderr, flush=True)
-        if p.done and p.step != self.data.total_steps:
-            raise ValueError(f"the run in {self.out} finished after {p.step} steps but the config now asks for "
+        progress = self.p = Progress.from_state(state["progress"])
+        if self.runtime.is_main:
+            print(f"[commlab] resuming from the checkpoint at step {progress.step} (epoch {progress.epoch})"
+                  + (f", torchrun restart {self.runtime.restart}" if self.runtime.restart else ""),
+                  file=sys.stderr, flush=True)
+        if progress.done and progress.step != self.data.total_steps:
+            raise ValueError(f"the run in {self.out} finished after {progress.step} steps but the config now asks for "
                              f"{self.data.total_steps}; use another output_dir for a longer run")
 
-    def tags(self) -> dict[str, str]:
-        """The MLflow run's tags. Under an emulated network the launcher puts the link as built and
-        measured into the config (``network.emulated``): its label is a tag too."""
-        config, rt = self.config, self.rt
-        from commlab.loop.heap import describe
-        from commlab.tracking import git_commit
-
-        tags = {"paper": config["paper"], "method": config["method"],
-                "name": config.get("name") or config["method"], "seed": str(config["seed"]),
-                "workers": str(rt.world_size), "backend": rt.backend, "git_commit": git_commit(),
-                "data_hash": str(self.data.meta.get("content_hash")), "model": config["model"],
-                "dataset": config["dataset"], "scale": config.get("scale") or "adhoc",
-                "worker_malloc": describe()}  # speed, not numbers, depends on it (loop/heap.py)
-        emulated = (config.get("network") or {}).get("emulated")
-        if emulated:
-            tags["network"] = str(emulated.get("network_label", emulated.get("network_bandwidth_mbit")))
-        return tags
+    def facts(self) -> RunFacts:
+        """What this rank learnt building the run, recorded in MLflow beside the config
+        (:func:`commlab.tracking.run_params`, :func:`commlab.tracking.run_tags`)."""
+        return RunFacts(workers=self.runtime.world_size, backend=self.runtime.backend,
+                        data_hash=self.data.meta.get("content_hash"),
+                        method_options=dataclasses.asdict(self.algo.options),
+                        method_settings=self.algo.run_params(),
+                        model_parameters=sum(t.numel() for t in self.model.parameters()),
+                        test_samples=getattr(self.data, "test_samples", None))
 
     def step(self, batch) -> None:
         """One optimizer step on this rank's ``batch`` (the task's, on the device)."""
-        p, algo = self.p, self.algo
-        self.lr = lr_at(p.step, self.data.steps_per_epoch, self.data.total_steps, self.tcfg)
+        progress = self.p
+        self.lr = lr_at(progress.step, self.data.steps_per_epoch, self.data.total_steps, self.train_config)
 
         # Compute is the step minus the time in collectives and in waits for asynchronous ones,
-        # on the device clock (settled into p.compute_s at log points and checkpoints).
+        # on the device clock (settled into progress.compute_s at log points and checkpoints).
         with self.timer.step():
-            loss = take_step(algo, StepInfo(p.step, p.epoch, self.lr), lambda: self._backward(batch))
+            loss = take_step(self.algo, StepInfo(progress.step, progress.epoch, self.lr),
+                             lambda: self._backward(batch))
 
         add_loss(self.loss_window, loss)
-        p.window_n += 1
-        p.step += 1
-        p.pos += 1
+        progress.window_n += 1
+        progress.step += 1
+        progress.pos += 1
         self.display.update()
         if self.step_delay_s:  # testing.step_delay_s: time for a test to signal mid-epoch
             time.sleep(self.step_delay_s)
@@ -252,7 +235,7 @@ class Run:
     def _backward(self, batch) -> torch.Tensor:
         """The task's loss of ``batch`` through the method's forward model (in ``train.precision``:
         :mod:`.precision`), backpropagated."""
-        with autocast(self.tcfg, self.rt.device):
+        with autocast(self.train_config, self.runtime.device):
             loss = self.data.loss(self.algo.forward_model, batch)
         loss.backward()
         return loss
@@ -260,21 +243,23 @@ class Run:
     def log_point(self, stop_requested: bool) -> bool:
         """Every rank: the control allreduce, the method's metrics, rank 0's log. Returns whether
         all ranks stop now (a SIGTERM reached one of them); the checkpoint is then written."""
-        p, rt = self.p, self.rt
-        p.window_loss = float(self.loss_window)
-        mean_loss, stop_now, bad = control(p.window_loss, p.window_n, stop_requested, self.control)
-        if bad:
-            raise NonFiniteLoss(f"non-finite training loss at step {p.step} (epoch {p.epoch}) on {bad} rank(s); "
-                                f"lower train.lr or enable train.grad_clip")
-        p.compute_s += self.timer.settle()  # reads the device clock: every figure below is complete
-        metrics = step_metrics(self.comm.stats.totals(), self.algo.metrics(), mean_loss, self.lr, p.step, p.epoch,
-                               p.step * rt.world_size * self.data.batch_size, p.compute_s, self.wall_s())
-        p.final.update(metrics)
-        self.logger.log_metrics(metrics, p.step)
+        progress = self.p
+        progress.window_loss = float(self.loss_window)
+        mean_loss, stop_now, bad_ranks = control(progress.window_loss, progress.window_n, stop_requested,
+                                                 self.control)
+        if bad_ranks:
+            raise NonFiniteLoss(f"non-finite training loss at step {progress.step} (epoch {progress.epoch}) on "
+                                f"{bad_ranks} rank(s); lower train.lr or enable train.grad_clip")
+        progress.compute_s += self.timer.settle()  # reads the device clock: every figure below is complete
+        samples = progress.step * self.runtime.world_size * self.data.batch_size
+        metrics = step_metrics(self.comm.stats.totals(), self.algo.metrics(), mean_loss, self.lr, progress.step,
+                               progress.epoch, samples, progress.compute_s, self.wall_s())
+        progress.final.update(metrics)
+        self.logger.log_metrics(metrics, progress.step)
         if self.config.get("golden"):
-            p.golden.append({"step": p.step, "train_loss": round(mean_loss, 6)})
+            progress.golden.append({"step": progress.step, "train_loss": round(mean_loss, 6)})
         self.display.show_loss(mean_loss)
-        p.window_loss, p.window_n = 0.0, 0
+        progress.window_loss, progress.window_n = 0.0, 0
         self.loss_window.zero_()
         if stop_now:
             self.logger.flush()
@@ -282,29 +267,29 @@ class Run:
         return stop_now
 
     def end_epoch(self) -> None:
-        p = self.p
-        p.epoch, p.pos = p.epoch + 1, 0
+        progress = self.p
+        progress.epoch, progress.pos = progress.epoch + 1, 0
         self.evaluate()
-        p.final["epoch"] = p.epoch
+        progress.final["epoch"] = progress.epoch
         self.logger.flush()
-        every = self.tcfg.get("checkpoint_every_epochs", 1)
-        if every and p.epoch % every == 0 and p.step < self.data.total_steps:
+        every = self.train_config.get("checkpoint_every_epochs", 1)
+        if every and progress.epoch % every == 0 and progress.step < self.data.total_steps:
             self.checkpoint()
 
     def finish(self) -> None:
         """The method's last word, a final evaluation unless an epoch end just did one, the last
         checkpoint (a re-launch of a finished run only rewrites its outputs)."""
-        p = self.p
-        if p.done:
+        progress = self.p
+        if progress.done:
             return
         self.algo.finish()
-        if p.pos != 0 or "test_loss" not in p.final:  # stopped by max_steps mid-epoch
+        if progress.pos != 0 or "test_loss" not in progress.final:  # stopped by max_steps mid-epoch
             self.evaluate()
-        p.done = True
+        progress.done = True
         self.checkpoint()
 
     def evaluate(self) -> None:
-        metrics = evaluate_on_main(self.algo, self.data, self.rt)
+        metrics = evaluate_on_main(self.algo, self.data, self.runtime)
         self.p.final.update(metrics)
         self.logger.log_metrics(metrics, self.p.step)
 
@@ -314,9 +299,10 @@ class Run:
     def checkpoint(self) -> None:
         self.p.compute_s += self.timer.settle()
         self.p.window_loss = float(self.loss_window)
-        save_checkpoint(self.ckpt_dir, self.p.step, self.rt.rank, self.rt.world_size, {
+        save_checkpoint(self.ckpt_dir, self.p.step, self.runtime.rank, self.runtime.world_size, {
             "model": self.model.state_dict(), "optimizer": self.algo.optimizer.state_dict(),
             "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(),
-            "rng": rng_state(self.rt.device), "task": self.data.state_dict(), "fingerprint": fingerprint(self.config),
+            "rng": rng_state(self.runtime.device), "task": self.data.state_dict(),
+            "fingerprint": fingerprint(self.config),
             "progress": {**self.p.state_dict(), "wall_s": self.wall_s()},
         })
