@@ -40,18 +40,18 @@ def run(config: dict, stop_at: int | None = None, keep=None):
 
         def stepping(batch):
             step(batch)
-            stop.requested = loop.p.step >= stop_at
+            stop.requested = loop.progress.step >= stop_at
 
         loop.step = stepping
     try:
         steps(loop, stop)
         loop.finish()
     except Preempted:
-        return loop.p.step, loop.p.pos
+        return loop.progress.step, loop.progress.pos
     finally:
         loop.logger.close("FINISHED")
     params = {k: v.detach().clone() for k, v in loop.model.named_parameters()}
-    return {**loop.p.final, "step": loop.p.step}, params, loop.p.golden, keep(loop) if keep else None
+    return {**loop.progress.final, "step": loop.progress.step}, params, loop.progress.golden, keep(loop) if keep else None
 
 
 def runs(rank: int, world: int, configs: list[dict]) -> list:

@@ -139,6 +139,13 @@ class Algorithm:
         """Method-specific per-step metrics (period, variance, threshold, ...)."""
         return {}
 
+    def sync_events(self) -> list[tuple[int, dict[str, float]]]:
+        """Decisions taken since the last call, each with the step it belongs to (ADPSGD's period
+        at each synchronisation): the loop logs them as ``algo_sync_<name>`` at those steps, so a
+        decision between two log points keeps its own step. Every rank calls it at every log point;
+        what it returns must increase in step per name."""
+        return []
+
     def run_params(self) -> dict[str, Any]:
         """Settings the method derives from its options, logged as MLflow params of the run
         beside the config and the options, under fixed dotted names (the periodic family's

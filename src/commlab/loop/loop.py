@@ -97,9 +97,9 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
             run.finish()
             status = "FINISHED"
             if runtime.is_main:
-                write_outputs(config, run.out, sentinel, run.logger, run.p.final, run.p.golden, run.data.meta,
+                write_outputs(config, run.out, sentinel, run.logger, run.progress.final, run.progress.golden, run.data.meta,
                               run.ckpt_dir, runtime.world_size)
-            return run.p.final
+            return run.progress.final
         except Preempted:
             status = "KILLED"
             raise
@@ -121,7 +121,7 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
 def steps(run: Run, stop: StopSignal) -> None:
     """The step loop: every step of the run, an evaluation (and checkpoint) at each epoch end, a
     log point every ``train.log_every`` steps; all ranks agree there to stop on a SIGTERM."""
-    progress, data = run.p, run.data
+    progress, data = run.progress, run.data
     # A checkpoint taken on SIGTERM at an epoch's last step resumes with pos == steps_per_epoch:
     # the epoch's evaluation is still due.
     while progress.step < data.total_steps or progress.pos == data.steps_per_epoch:
@@ -170,14 +170,14 @@ class Run:
         # The model was initialised from the shared seed; from here each rank draws its own dropout masks.
         seed_per_rank(config["seed"], runtime.rank)
 
-        self.p = Progress()
+        self.progress = Progress()
         self.resume()
         # The loss window lives on the device: the host reads it at log points and checkpoints
         # only (a per-step read would make the host wait for every step's kernels).
-        self.loss_window = torch.full((), self.p.window_loss, dtype=torch.float64, device=runtime.device)
-        self.logger = open_logger(config, self.facts(), runtime, self.p.run_id, tracking_relay)
-        self.p.run_id = self.logger.run_id
-        self.display = ProgressDisplay(data.total_steps, self.p.step, config.get("name") or config["method"],
+        self.loss_window = torch.full((), self.progress.window_loss, dtype=torch.float64, device=runtime.device)
+        self.logger = open_logger(config, self.facts(), runtime, self.progress.run_id, tracking_relay)
+        self.progress.run_id = self.logger.run_id
+        self.display = ProgressDisplay(data.total_steps, self.progress.step, config.get("name") or config["method"],
                                        enabled=runtime.is_main)
         self.lr = 0.0
         self.t_start = time.perf_counter()
@@ -194,7 +194,7 @@ class Run:
         self.comm.stats.load_state_dict(state["stats"])
         set_rng_state(state["rng"], self.runtime.device)
         self.data.load_state_dict(state.get("task", {}))
-        progress = self.p = Progress.from_state(state["progress"])
+        progress = self.progress = Progress.from_state(state["progress"])
         if self.runtime.is_main:
             print(f"[commlab] resuming from the checkpoint at step {progress.step} (epoch {progress.epoch})"
                   + (f", torchrun restart {self.runtime.restart}" if self.runtime.restart else ""),
@@ -215,7 +215,7 @@ class Run:
 
     def step(self, batch) -> None:
         """One optimizer step on this rank's ``batch`` (the task's, on the device)."""
-        progress = self.p
+        progress = self.progress
         self.lr = lr_at(progress.step, self.data.steps_per_epoch, self.data.total_steps, self.train_config)
 
         # Compute is the step minus the time in collectives and in waits for asynchronous ones,
@@ -243,7 +243,7 @@ class Run:
     def log_point(self, stop_requested: bool) -> bool:
         """Every rank: the control allreduce, the method's metrics, rank 0's log. Returns whether
         all ranks stop now (a SIGTERM reached one of them); the checkpoint is then written."""
-        progress = self.p
+        progress = self.progress
         progress.window_loss = float(self.loss_window)
         mean_loss, stop_now, bad_ranks = control(progress.window_loss, progress.window_n, stop_requested,
                                                  self.control)
@@ -256,6 +256,8 @@ class Run:
                                progress.epoch, samples, progress.compute_s, self.wall_s())
         progress.final.update(metrics)
         self.logger.log_metrics(metrics, progress.step)
+        for step, values in self.algo.sync_events():
+            self.logger.log_metrics({f"algo_sync_{name}": value for name, value in values.items()}, step)
         if self.config.get("golden"):
             progress.golden.append({"step": progress.step, "train_loss": round(mean_loss, 6)})
         self.display.show_loss(mean_loss)
@@ -267,7 +269,7 @@ class Run:
         return stop_now
 
     def end_epoch(self) -> None:
-        progress = self.p
+        progress = self.progress
         progress.epoch, progress.pos = progress.epoch + 1, 0
         self.evaluate()
         progress.final["epoch"] = progress.epoch
@@ -279,7 +281,7 @@ class Run:
     def finish(self) -> None:
         """The method's last word, a final evaluation unless an epoch end just did one, the last
         checkpoint (a re-launch of a finished run only rewrites its outputs)."""
-        progress = self.p
+        progress = self.progress
         if progress.done:
             return
         self.algo.finish()
@@ -290,19 +292,19 @@ class Run:
 
     def evaluate(self) -> None:
         metrics = evaluate_on_main(self.algo, self.data, self.runtime)
-        self.p.final.update(metrics)
-        self.logger.log_metrics(metrics, self.p.step)
+        self.progress.final.update(metrics)
+        self.logger.log_metrics(metrics, self.progress.step)
 
     def wall_s(self) -> float:
-        return self.p.wall_s + time.perf_counter() - self.t_start
+        return self.progress.wall_s + time.perf_counter() - self.t_start
 
     def checkpoint(self) -> None:
-        self.p.compute_s += self.timer.settle()
-        self.p.window_loss = float(self.loss_window)
-        save_checkpoint(self.ckpt_dir, self.p.step, self.runtime.rank, self.runtime.world_size, {
+        self.progress.compute_s += self.timer.settle()
+        self.progress.window_loss = float(self.loss_window)
+        save_checkpoint(self.ckpt_dir, self.progress.step, self.runtime.rank, self.runtime.world_size, {
             "model": self.model.state_dict(), "optimizer": self.algo.optimizer.state_dict(),
             "algorithm": self.algo.state_dict(), "stats": self.comm.stats.state_dict(),
             "rng": rng_state(self.runtime.device), "task": self.data.state_dict(),
             "fingerprint": fingerprint(self.config),
-            "progress": {**self.p.state_dict(), "wall_s": self.wall_s()},
+            "progress": {**self.progress.state_dict(), "wall_s": self.wall_s()},
         })

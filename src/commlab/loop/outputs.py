@@ -20,7 +20,7 @@ SENTINEL_FINAL_KEYS = ("train_loss", "test_loss", "test_accuracy", "test_perplex
 
 def write_outputs(config: dict, out: Path, sentinel, logger, final: dict, golden: list, data_meta: dict,
                   ckpt_dir: Path, world_size: int) -> None:
-    from commlab.tracking import git_commit
+    from commlab.provenance import git_commit
 
     out.mkdir(parents=True, exist_ok=True)
     dump_config(config, out / RESOLVED_CONFIG)

@@ -167,9 +167,9 @@ def worker_pids(job: subprocess.Popen) -> dict[int, int]:
 
 def run_history(uri: str, run_id: str, skip: Callable[[str], bool] = lambda key: False) -> dict[str, list]:
     """Every metric of an MLflow run as ``key -> [(step, value), ...]`` in step order."""
-    from mlflow.tracking import MlflowClient
+    from commlab.tracking import client as tracking_client
 
-    client = MlflowClient(uri)
+    client = tracking_client(uri)
     run = client.get_run(run_id)
     return {key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
             for key in sorted(run.data.metrics) if not skip(key)}
