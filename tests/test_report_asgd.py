@@ -41,7 +41,7 @@ def test_asgd_reaching_the_shared_accuracy_first_contradicts():
     rows = {c.claim: c for c in evaluate(CLAIMS, ev)}
     row = rows["OD-SGD trains faster than ASGD"]
     # slower on both seeds, by the same 10%: a paired loss beyond the noise
-    assert row.verdict == "contradicted" and "gain -0.10 x over 1x (paired over seeds 0, 1; s.e. 0.00" in row.ours
+    assert row.verdict == "contradicted" and "gain -0.10 x over 1x (paired over seeds 0, 1; s.e. 0.00" in row.note
 
 
 def test_a_speed_up_on_one_seed_only_is_inconclusive():
@@ -54,7 +54,7 @@ def test_a_speed_up_on_one_seed_only_is_inconclusive():
     ev = Evidence(_runs(history), history)
     assert list(time_to_shared_accuracy("odsgd_glu")(ev)["speedups"]) == [1.8, 0.9]
     row = next(c for c in evaluate(CLAIMS, ev) if c.claim == "OD-SGD trains faster than ASGD")
-    assert row.verdict == "inconclusive" and "seeds would decide it" in row.ours
+    assert row.verdict == "inconclusive" and "seeds would decide it" in row.note
 
 
 def test_without_asgd_runs_the_claim_is_not_measured():

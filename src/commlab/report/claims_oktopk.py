@@ -291,9 +291,9 @@ CLAIMS = [
         paper="{figure}",
         sources=(Source(accuracy_against_dense,
                         AccuracyMatch("acc", "dense", margin="margin", metric="metric", trend="trend"),
-                        ours="{acc_text} vs ssgd {dense_text} ({why})",
-                        note="{setting}, {workers} workers, density {density:g}; {trend_text}; the gap is paired "
-                             "over seeds and judged at convergence (commlab.report.rules.accuracy_match)"),),
+                        ours="{acc_text} vs ssgd {dense_text}",
+                        note="{why}; {setting}, {workers} workers, density {density:g}; {trend_text}; the gap is "
+                             "paired over seeds and judged at convergence (commlab.report.rules.accuracy_match)"),),
         to_test="runs long enough that ssgd and the gap settle between the last two evaluations: the whole training "
                 "set (scale laptop_full of config/papers/oktopk.yaml) or VGG-16 on CIFAR-10 for 161 epochs (scale "
                 "paper, config/paper_scale.yaml)"),

@@ -243,9 +243,9 @@ CLAIMS = [
         claim="RGC at 0.1% density reaches {quantity} near dense SGD ({model})", paper=DENSITY_PAPER,
         sources=(Source(accuracy_near_dense,
                         AccuracyMatch("acc", "dense", margin="margin", metric="metric", trend="trend"),
-                        ours="{measured} {acc_text} vs ssgd {dense_text} ({why})",
-                        note="{name}; near = within {within} of ssgd, the gap paired over seeds and judged at "
-                             "convergence (commlab.report.rules.accuracy_match); {trend_text}"),),
+                        ours="{measured} {acc_text} vs ssgd {dense_text}",
+                        note="{why}; {name}; near = within {within} of ssgd, the gap paired over seeds and judged "
+                             "at convergence (commlab.report.rules.accuracy_match); {trend_text}"),),
         to_test="runs until ssgd and the gap settle between the last two evaluations: the whole training set "
                 "(scale laptop_full of config/papers/redsync.yaml) or the paper's 164 epochs of ResNet-44 and "
                 "VGG-16 on CIFAR-10 (scale paper, config/paper_scale.yaml)"),
@@ -256,7 +256,7 @@ CLAIMS = [
         claim="RedSync's selectors are faster than exact top-k on large layers", paper=SELECTION,
         sources=(Source(selection_bench, Share("faster"), ours="benchmark, x faster than torch.topk: {bench}{runs}",
                         note="verdict from `commlab bench selection` at 1M elements and above; the training runs' "
-                             "layers (at most 1M elements, CPU, one thread per worker) are shown for reference"),
+                             "layers are shown for reference"),
                  Source(selection_runs, Share("faster"), ours="{runs}",
                         note="inside training runs of wide_mlp with scaled size thresholds: layers of {sizes} "
                              "elements, where a selection takes milliseconds; the paper's regime (GPU, layers above "

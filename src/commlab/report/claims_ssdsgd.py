@@ -72,7 +72,7 @@ def paired(ev: Evidence, a: str, b: str, metric: str) -> tuple[pd.Series, pd.Ser
 
 
 def loopback_setting(ev: Evidence) -> str:
-    """'4 processes per run; throughput benchmark machine: 2 CPUs': what the loopback runs shared,
+    """'4 processes per run (the benchmark's machine: 2 CPUs, load average 8.5)': what the loopback runs shared,
     from the runs' worker counts and the benchmark file's environment where there is one."""
     runs = ev.runs
     workers = "/".join(str(w) for w in sorted(set(runs.workers))) if len(runs) and "workers" in runs else "?"
@@ -229,8 +229,8 @@ def _speed_claim(claim: str, paper: str, method: str, also: str) -> Declared:
                         ours="throughput {method} / ssgd by link: {why}{loopback}{k2}",
                         note="{emulated}" + EMULATED_FASTER + also),
                  Source(loopback_speed(method), Gain("speed_gains", LOOPBACK_FASTER - 1, unit=SPEED_UNIT),
-                        ours="loopback runs {speed} ({why}){k2}",
-                        note="{setting}. " + LOOPBACK + LOOPBACK_RULE + also)),
+                        ours="loopback runs {speed}{k2}",
+                        note="{why}. {setting}. " + LOOPBACK + LOOPBACK_RULE + also)),
         needs=LOOPBACK + LOOPBACK_RULE + also)
 
 
@@ -251,38 +251,38 @@ CLAIMS = [
     Declared(
         claim="SSD-SGD's test accuracy is within about a point of SSGD's", paper=SSD_PAPER,
         sources=(Source(accuracy_beside_ssgd(SSD, k2=True), AccuracyMatch("acc", "dense", margin=1.0, trend="trend"),
-                        ours="{accuracy} ({why}){k2}",
-                        note=ACCURACY_RULE + " The verdict uses k = 5; {trend_text}."),),
+                        ours="{accuracy}{k2}",
+                        note="{why}. " + ACCURACY_RULE + " The verdict uses k = 5; {trend_text}."),),
         needs=ACCURACY_RULE + " The verdict uses k = 5.", to_test=LONGER),
     Declared(
         claim="OD-SGD reaches accuracy similar to or slightly better than SSGD",
         paper="OD-SGD abstract and evaluation: MNIST, CIFAR-10, ImageNet",
         sources=(Source(accuracy_beside_ssgd("odsgd_glu"),
                         AccuracyMatch("acc", "dense", margin=1.0, at_least=True, trend="trend"),
-                        ours="{accuracy} ({why})", note=SIMILAR_RULE + " {trend_text}."),),
+                        ours="{accuracy}", note="{why}. " + SIMILAR_RULE + " {trend_text}."),),
         needs=SIMILAR_RULE, to_test=LONGER),
     _speed_claim("OD-SGD trains faster than SSGD",
                  "OD-SGD abstract; throughput figures on GPU clusters", "odsgd", ""),
     Declared(
         claim="OD-SGD trains faster than ASGD", paper="OD-SGD abstract; throughput figures on GPU clusters",
         sources=(Source(time_to_shared_accuracy("odsgd_glu"), Gain("speed_gains", 0.0, unit=SPEED_UNIT),
-                        ours="loopback runs {speed} ({why})", note=LOOPBACK + ASGD_RULE),),
+                        ours="loopback runs {speed}", note="{why}. " + LOOPBACK + ASGD_RULE),),
         missing="no ASGD runs at this scale", needs=LOOPBACK + ASGD_RULE),
     Declared(
         claim="GLU is needed: plain local updates lose accuracy",
         paper="SSD-SGD ablation of the local update algorithm (CIFAR-10)",
         sources=(Source(glu_gain, Gain("gain", min_gain=MIN_GAIN),
-                        ours="SSD-SGD k=5: GLU {glu:.2f}%, plain local SGD {sgd:.2f}%{dcasgd}; GLU - plain: {why}",
-                        note=GAIN_RULE + " GLU is our reconstruction from the paper's description (the released "
-                                         "kernel is broken)."),),
+                        ours="SSD-SGD k=5: GLU {glu:.2f}%, plain local SGD {sgd:.2f}%{dcasgd}",
+                        note="GLU - plain: {why}. " + GAIN_RULE + " GLU is our reconstruction from the paper's "
+                                                                  "description (the released kernel is broken)."),),
         needs=GAIN_RULE + " GLU is our reconstruction from the paper's description (the released kernel is broken)."),
     Declared(
         claim="The gain is overlap, not volume: the same gradients are sent every step, but steps block less on "
               "communication than SSGD's",
         paper="OD-SGD/SSD-SGD design (one allreduce per step, pulled weights overlapped with compute)",
         sources=(Source(blocked_time, Better("cases"),
-                        ours="blocked share of wall-clock: {parts}; ssgd's share less each method's: {less} ({why})",
-                        note="Blocked = synchronous collectives plus waits on asynchronous ones (warm-up steps "
+                        ours="blocked share of wall-clock: {parts}; ssgd's share less each method's: {less}",
+                        note="{why}. Blocked = synchronous collectives plus waits on asynchronous ones (warm-up steps "
                              "included), over the wall-clock time; each method must block less than ssgd beyond "
                              "the noise (paired by seed) and send ssgd's bytes."),),
         needs="Blocked = synchronous collectives plus waits on asynchronous ones (warm-up steps included), over the "
@@ -290,8 +290,8 @@ CLAIMS = [
     Declared(
         claim="The synchronous warm-up stage is needed", paper="SSD-SGD abstract and ablation",
         sources=(Source(warmup_gain, Gain("gain", min_gain=MIN_GAIN),
-                        ours="SSD-SGD k=5 GLU with warm-up - without: {why}",
-                        note="Warm-up scaled to the run length (see Method and scale below)."),),
+                        ours="SSD-SGD k=5 GLU with warm-up - without: {text} points",
+                        note="{why}. Warm-up scaled to the run length (see Method and scale below)."),),
         missing="no run without warm-up at this scale (laptop_full has one)",
         needs="Warm-up scaled to the run length (see Method and scale below).",
         to_test="scale laptop_full of config/papers/ssdsgd.yaml (ssd_k5_glu_nowarmup)"),

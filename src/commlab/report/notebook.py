@@ -91,7 +91,7 @@ def grid_title(paper: str) -> str:
         return paper
 
 
-def open_report(paper: str, out_dir: str | Path = "reports", tracking_uri: str | None = None,
+def open_report(paper: str, out_dir: str | Path, tracking_uri: str | None = None,
                 scale: str | None = None, metrics: list[str] | tuple = ()) -> Report:
     """Load the paper's runs at ``scale`` and the history of ``metrics``, show the title and what
     was run, and write the runs' final numbers for the index (``<out>/<paper>/runs.csv``)."""

@@ -97,7 +97,8 @@ def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False,
     paired over the seeds both have (:func:`commlab.report.paired.difference`; unpaired where the
     seeds do not match, and the text says so). With a ``trend`` (:mod:`commlab.report.convergence`)
     the comparison is judged only once it has converged: not testable at this budget while the
-    reference still improves or the gap still closes. Then, with h = t(0.95, n - 1) x the gap's
+    reference still improves or the gap still closes (the text says by how much; the gap at each
+    evaluation, ``trend.describe()``, belongs in the claim's note). Then, with h = t(0.95, n - 1) x the gap's
     standard error and the shortfall = |gap| (or the gap on the worse side with ``at_least``):
     reproduced when shortfall + h <= margin (the whole 90% interval within the margin), contradicted
     when shortfall - h > margin (outside it beyond the noise), inconclusive otherwise (and with one
@@ -108,7 +109,7 @@ def accuracy_match(ours, reference, margin: float = 1.0, at_least: bool = False,
     bound = f"at most {margin:.3g} {'below' if higher_is_better else 'above'}" if at_least else f"margin {margin:.3g}"
     text = f"gap {diff.describe(unit)}, {bound}"
     if trend is not None and (unsettled := trend.unsettled(margin, higher_is_better, at_least, unit)):
-        return f"not converged: {unsettled}; {trend.describe(unit)}; final {text}", UNCONVERGED
+        return f"not converged: {unsettled}; final {text}", UNCONVERGED
     worse = -diff.mean if higher_is_better else diff.mean
     shortfall = worse if at_least else abs(diff.mean)
     if diff.n < 2:
