@@ -50,6 +50,12 @@ def test_unmatched_seeds_are_left_out_and_one_common_seed_is_not_a_pair():
     assert "unpaired: the seeds do not match, n=3" in unpaired.describe()
 
 
+def test_several_runs_of_a_seed_are_compared_unpaired_and_say_so():
+    diff = difference(pd.Series([1.0, 2.0, 3.0], index=[0, 0, 1]), pd.Series([1.0, 1.0], index=[0, 1]))
+    assert not diff.paired and "unpaired: several runs share a seed, n=2" in diff.describe()
+    assert "unpaired: no seeds given, n=2" in difference([1.0, 2.0], [1.0, 1.5]).describe()
+
+
 def test_unequal_groups_unpaired():
     diff = difference([1.0, 2.0, 3.0, 4.0], [1.0, 3.0])
     var_a, var_b = sum((x - 2.5) ** 2 for x in (1, 2, 3, 4)) / 3, 2.0

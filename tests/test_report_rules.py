@@ -136,7 +136,7 @@ def test_pairing_by_seed_removes_what_the_seeds_share():
     text, verdict = accuracy_match(seeds(*ours), seeds(*ref))
     assert verdict == C and "s.e. 0.00" in text
     text, verdict = accuracy_match(ours, ref)  # plain lists: no seeds to pair on
-    assert verdict == UNSURE and "unpaired: the seeds do not match, n=3" in text
+    assert verdict == UNSURE and "unpaired: no seeds given, n=3" in text
     # Welch's standard error, written out: sqrt(sd_a^2/3 + sd_b^2/3) with sd 3 on both sides
     assert f"s.e. {math.sqrt(9 / 3 + 9 / 3):.2f}" in text
 

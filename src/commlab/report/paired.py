@@ -68,6 +68,7 @@ class Difference:
     paired: bool
     seeds: tuple = ()  # the seeds paired
     unmatched: tuple = ()  # seeds of either side left out of the pairing
+    unpaired_because: str = "the seeds do not match"  # why an unpaired comparison is not paired
 
     @property
     def df(self) -> float:
@@ -94,7 +95,7 @@ class Difference:
         """'-2.83 points (paired over seeds 0, 1, 2; s.e. 0.21; 90% interval -3.44 to -2.22)'."""
         named = ", ".join(str(s) for s in self.seeds) if self.seeds else f"n={self.n}"
         how = (f"paired over seed{'s' if self.n > 1 else ''} {named}" if self.paired
-               else f"unpaired: the seeds do not match, n={self.n}")
+               else f"unpaired: {self.unpaired_because}, n={self.n}")
         if self.unmatched:
             how += f", seed{'s' if len(self.unmatched) > 1 else ''} {', '.join(str(s) for s in self.unmatched)} "
             how += "left out (unmatched)"
@@ -120,7 +121,9 @@ def difference(ours, reference) -> Difference | None:
         return Difference(float(gaps.mean()), sd, len(gaps), True, tuple(common), unmatched)
     n = min(len(a), len(b))
     sd = math.sqrt(a.var(ddof=1) * n / len(a) + b.var(ddof=1) * n / len(b)) if n >= 2 else float("nan")
-    return Difference(float(a.mean() - b.mean()), sd, n, False)
+    because = ("no seeds given" if not seeded else "several runs share a seed"
+               if not (a.index.is_unique and b.index.is_unique) else "the seeds do not match")
+    return Difference(float(a.mean() - b.mean()), sd, n, False, unpaired_because=because)
 
 
 def of_differences(values) -> Difference | None:
