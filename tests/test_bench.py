@@ -129,7 +129,7 @@ def test_throughput_counterbalances_the_order_and_keeps_each_repeats_ratio(monke
 
     monkeypatch.setattr(throughput, "run_training", fake_run)
     monkeypatch.setattr(throughput, "steady_config", lambda args, method, workers: ({"method": method, "train": {}}, 0))
-    keys = ("step_s", "compute_s", "comm_s", "blocked_s", "bytes_per_step", "collectives_per_step",
+    keys = ("step_s", "compute_s", "collective_s", "blocked_s", "comm_s", "bytes_per_step", "collectives_per_step",
             "reductions_per_step")
     monkeypatch.setattr(throughput, "step_summary",
                         lambda points, *a, **k: {"samples_per_s": points[0], **dict.fromkeys(keys, 1.0)})

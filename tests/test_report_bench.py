@@ -8,6 +8,7 @@ import pytest
 
 from commlab.report.bench import (
     dense_comm_share,
+    environment_note,
     link_mbit,
     load_bench,
     modelled_speedups,
@@ -16,19 +17,22 @@ from commlab.report.bench import (
 )
 
 
-def _row(network, method, ratio, step_s=0.1, comm_s=0.05, link=None):
-    return {"network": network, "method": method, "ratio_to_ssgd": ratio, "step_s": step_s, "comm_s": comm_s,
+def _row(network, method, ratio, step_s=0.1, collective_s=0.001, blocked_s=0.05, link=None):
+    return {"network": network, "method": method, "ratio_to_ssgd": ratio, "step_s": step_s,
+            "collective_s": collective_s, "blocked_s": blocked_s, "comm_s": collective_s + blocked_s,
             "measured_link_mbit": link}
 
 
 BENCH = {
     "workers": 4, "model": "cnn", "dataset": "fashion_mnist", "batch_per_worker": 32, "max_steps": 40,
-    "repeats": 1, "warmup_steps_zero": True,
-    "environment": {"git_commit": "0123456789abcdef", "time": "2026-01-01T00:00:00+0000"},
+    "repeats": 1, "warmup_steps_zero": True, "file": "/out/bench/throughput.json",
+    "environment": {"git_commit": "0123456789abcdef", "time": "2026-01-01T00:00:00+0000", "cpus": 2,
+                    "load_average": [9.1, 8.0, 7.5]},
     "summary": [
-        _row("100Mbit", "ssgd", 1.0, 0.2, 0.14, 95.9), _row("100Mbit", "fast", 1.8),
-        _row("loopback", "ssgd", 1.0, 0.08, 0.02), _row("loopback", "fast", 0.9),
-        _row("1000Mbit", "ssgd", 1.0, 0.1, 0.03, 958.5), _row("1000Mbit", "fast", 1.2),
+        # the 100 Mbit/s row of a default run: step 0.1455 s, launches 0.001 s, blocked 0.1154 s
+        _row("100Mbit", "ssgd", 1.0, 0.1455, 0.001, 0.1154, 95.9), _row("100Mbit", "fast", 1.8),
+        _row("loopback", "ssgd", 1.0, 0.08, 0.0004, 0.0236), _row("loopback", "fast", 0.9),
+        _row("1000Mbit", "ssgd", 1.0, 0.1, 0.001, 0.029, 958.5), _row("1000Mbit", "fast", 1.2),
         {"network": "1000Mbit", "method": "broken", "error": "rank 1 died"},
     ],
 }
@@ -43,20 +47,38 @@ def test_ratio_table_orders_links_fastest_first_and_skips_failed_runs():
     assert throughput_ratios({"summary": []}).empty
 
 
-def test_comm_share_and_provenance_name_the_measurement():
-    assert dense_comm_share(BENCH) == "loopback 25%, 1000Mbit 30%, 100Mbit 70%"
+def test_comm_share_counts_the_blocked_time_and_provenance_names_the_file():
+    # (collectives' own time + waits on asynchronous ones) / step, written out per link
+    shares = [(0.0004 + 0.0236) / 0.08, (0.001 + 0.029) / 0.1, (0.001 + 0.1154) / 0.1455]
+    assert [round(100 * x) for x in shares] == [30, 30, 80]
+    assert dense_comm_share(BENCH) == ("loopback 30%, 1000Mbit 30%, 100Mbit 80% (ssgd's collectives' own time plus "
+                                       "its waits on asynchronous allreduces, over its step)")
     text = provenance(BENCH)
-    for part in ("cnn on fashion_mnist", "4 workers x batch 32", "40 steps", "median of 1", "no warm-up",
-                 "100Mbit measured 95.9 Mbit/s", "commit 0123456789ab", "2026-01-01"):
+    for part in ("/out/bench/throughput.json (", "cnn on fashion_mnist", "4 workers x batch 32", "40 steps",
+                 "median of 1", "no warm-up", "100Mbit measured 95.9 Mbit/s", "2 CPUs, load average 9.1",
+                 "commit 0123456789ab", "2026-01-01"):
         assert part in text, (part, text)
+
+
+def test_comm_share_missing_figures_are_not_measured():
+    old = {"summary": [{"network": "loopback", "method": "ssgd", "step_s": 0.1, "comm_s": 0.001, "blocked_s": 0.03}]}
+    assert dense_comm_share(old).startswith("not measured (the throughput benchmark's file predates comm_s")
+    unlogged = {"summary": [_row("loopback", "ssgd", 1.0) | {"comm_s": None}]}
+    assert dense_comm_share(unlogged).startswith("loopback not measured (")
+    assert dense_comm_share({"summary": []}) == "not measured (no ssgd row in the throughput benchmark)"
+    assert environment_note(None) == "" and environment_note({"environment": {"cpus": 16}}) == "16 CPUs"
 
 
 def test_load_bench_reads_the_report_folder_or_says_none(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "reports/bench").mkdir(parents=True)  # the working directory's files are never read
+    (tmp_path / "reports/bench/throughput.json").write_text(json.dumps(BENCH))
     assert load_bench("throughput", tmp_path / "out") is None
     (tmp_path / "out/bench").mkdir(parents=True)
-    (tmp_path / "out/bench/throughput.json").write_text(json.dumps(BENCH))
-    assert load_bench("throughput", tmp_path / "out")["model"] == "cnn"
+    (tmp_path / "out/bench/throughput.json").write_text(json.dumps({**BENCH, "model": "mlp"}))
+    found = load_bench("throughput", tmp_path / "out")
+    assert found["model"] == "mlp" and found["file"] == str(tmp_path / "out/bench/throughput.json")
+    assert provenance(found).startswith(f"{tmp_path / 'out/bench/throughput.json'} (mlp on fashion_mnist")
 
 
 def test_modelled_speedups_by_workers():

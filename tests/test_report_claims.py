@@ -25,7 +25,7 @@ from commlab.report.claims import (
     evaluate,
     seeds_label,
 )
-from commlab.report.rules import AccuracyMatch, Consistency, Share, Within
+from commlab.report.rules import AccuracyMatch, Consistency, Gain, NotTestable, Share, Within
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "workflow" / "notebooks").glob("*.py"))
@@ -113,21 +113,44 @@ def test_evidence_builds_a_shared_table_once(tmp_path):
 
     ev = Evidence(pd.DataFrame({"a": [1, 2]}), pd.DataFrame(), tmp_path)
     assert ev.table(table) == ev.table(table) == 2 and built == [1]
-    assert ev.bench("throughput") is None or (ROOT / "reports/bench/throughput.json").exists()
+
+
+def test_evidence_reads_benchmarks_from_its_own_folder_only(tmp_path, monkeypatch):
+    """The working directory's reports/bench is never read: a report sees its own out dir's files,
+    and evidence without an out dir sees none (a test's hand-made tables stay hermetic)."""
+    (tmp_path / "reports/bench").mkdir(parents=True)
+    (tmp_path / "reports/bench/wire.json").write_text('{"rows": []}')
+    monkeypatch.chdir(tmp_path)
+    assert Evidence(pd.DataFrame(), pd.DataFrame()).bench("wire") is None
+    assert Evidence(pd.DataFrame(), pd.DataFrame(), tmp_path / "elsewhere").bench("wire") is None
+    found = Evidence(pd.DataFrame(), pd.DataFrame(), tmp_path / "reports").bench("wire")
+    assert found == {"rows": [], "file": str(tmp_path / "reports/bench/wire.json")}
+
+
+def test_not_testable_rows_say_what_would_test_them_and_caveats_follow_undecided_verdicts():
+    declared = Declared(claim="c", paper="p", to_test="the {scale} scale", caveat="; short runs",
+                        sources=(Source(lambda ev: {"scale": "paper"}, NotTestable("needs a cluster"), ours="x",
+                                        note="{why}"),))
+    [row] = evaluate([declared], EMPTY)
+    assert (row.verdict, row.note) == ("not testable at this scale", "needs a cluster; to test it: the paper scale")
+    gains = Declared(claim="c", paper="p", caveat="; short runs", to_test="longer runs",
+                     sources=(Source(lambda ev: {"g": [1.0, -0.2, 0.8]}, Gain("g"), ours="x", note="n"),))
+    assert evaluate([gains], EMPTY)[0].note == "n; short runs"  # inconclusive: the caveat, not to_test
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
-def test_every_paper_declares_its_claims_and_they_evaluate_without_runs(notebook, tmp_path, monkeypatch):
-    """With no run and no benchmark every claim is 'not measured', and says so row by row."""
-    monkeypatch.chdir(tmp_path)  # no reports/bench of an earlier run in the working directory
+def test_every_paper_declares_its_claims_and_they_evaluate_without_runs(notebook, tmp_path):
+    """With no run and no benchmark every claim is 'not measured', and says so row by row; only a
+    claim no run at this scale can test (a 32-GPU cluster's) says that instead, and what would."""
     module = declarations(notebook.stem)
     assert module.CLAIMS and module.METRICS
     empty = Evidence(pd.DataFrame(columns=["run_id", "name", "method", "seed", "workers", "network"]),
                      pd.DataFrame(columns=["run_id", "name", "method", "seed", "metric", "step", "value"]),
-                     Path("/nonexistent"))
+                     tmp_path)
     rows = evaluate(module.CLAIMS, empty)
-    assert rows and {r.verdict for r in rows} == {"not measured"}, rows
+    assert rows and {r.verdict for r in rows} <= {"not measured", "not testable at this scale"}, rows
     assert all(r.claim and r.paper and r.ours for r in rows)
+    assert all("to test it: " in r.note for r in rows if r.verdict == "not testable at this scale")
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -151,11 +174,12 @@ def test_an_unknown_paper_is_named():
 
 # ---- the notebooks draw figures; the verdicts are declared ----------------------------------------
 RULE_NAMES = {"Within", "Reaches", "Below", "AccuracyMatch", "SpeedTrend", "AllOf", "Share", "Conditions",
-              "ClosesGap", "Largest", "Gain", "Consistency", "Unmeasurable", "accuracy_match",
-              "faster_on_slow_links", "Claim", "Declared", "Source", "NotMeasured", "check", "evaluate",
-              "write_claims"}
-VERDICT_WORDS = re.compile(r"verdict\w*\s*[:+]?=|[\"']verdict[\"']\s*:|[\"'](reproduced|partly reproduced|not "
-                           r"reproduced|not measured|consistent|inconsistent)[\"']")
+              "ClosesGap", "Largest", "Gain", "Better", "Consistency", "Unmeasurable", "NotTestable",
+              "accuracy_match", "faster_on_slow_links", "difference", "seeds_to_decide", "Claim", "Declared",
+              "Source", "NotMeasured", "check", "evaluate", "write_claims"}
+VERDICT_WORDS = re.compile(r"verdict\w*\s*[:+]?=|[\"']verdict[\"']\s*:|[\"'](reproduced|partly reproduced|"
+                           r"contradicted|inconclusive|not testable at this (scale|budget)|not measured|consistent|"
+                           r"inconsistent)[\"']")
 
 
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
@@ -174,6 +198,7 @@ def test_notebooks_hold_no_verdict_logic(notebook):
 def test_the_grep_finds_a_verdict_ladder():
     ladder = 'if gap < 1:\n    verdict = "reproduced"\nclaims.append({"verdict": v})\nv = accuracy_match(a, b)\n'
     assert len(VERDICT_WORDS.findall(ladder)) == 3
+    assert VERDICT_WORDS.search('label = "not testable at this budget"')
     assert "accuracy_match" in RULE_NAMES
 
 

@@ -42,20 +42,28 @@ def test_near_is_a_point_of_accuracy_or_two_percent_of_perplexity():
 
 
 def test_perplexity_gaps_are_judged_lower_is_better():
+    def seeds(*values):
+        return pd.Series(values, dtype=float)
+
     # |gap| within the margin either way
-    text, verdict = accuracy_match([101.0, 101.2], [100.0, 100.2], margin=2.0, unit="perplexity",
+    text, verdict = accuracy_match(seeds(101.0, 101.2), seeds(100.0, 100.2), margin=2.0, unit="perplexity",
                                    higher_is_better=False)
     assert verdict == "reproduced" and text.startswith("gap +1.00 perplexity")
     # "no worse than": a lower perplexity is no shortfall, a higher one is
-    assert accuracy_match([90.0], [100.0], 2.0, at_least=True, higher_is_better=False)[1] == "reproduced"
-    text, verdict = accuracy_match([110.0], [100.0], 2.0, at_least=True, unit="perplexity", higher_is_better=False)
-    assert verdict == "not reproduced" and "(at most 2 above)" in text
+    assert accuracy_match(seeds(90.0, 91.0), seeds(100.0, 101.0), 2.0, at_least=True,
+                          higher_is_better=False)[1] == "reproduced"
+    text, verdict = accuracy_match(seeds(110.0, 111.0), seeds(100.0, 101.0), 2.0, at_least=True, unit="perplexity",
+                                   higher_is_better=False)
+    assert verdict == "contradicted" and text.endswith("), at most 2 above")
     # the rule reads the metric and the margin from the measurement
     rule = AccuracyMatch("acc", "dense", margin="margin", metric="metric")
-    outcome = rule.judge({"acc": [103.0], "dense": [100.0], "margin": 2.0, "metric": "test_perplexity"})
-    assert outcome.verdict == "not reproduced" and "gap +3.00 perplexity" in outcome.why
-    outcome = rule.judge({"acc": [90.5], "dense": [91.0], "margin": 1.0, "metric": "test_accuracy"})
-    assert outcome.verdict == "reproduced" and outcome.why == "gap -0.50 points, standard error 0.00 (margin 1)"
+    outcome = rule.judge({"acc": seeds(103.0, 103.1), "dense": seeds(100.0, 100.1), "margin": 2.0,
+                          "metric": "test_perplexity"})
+    assert outcome.verdict == "contradicted" and "gap +3.00 perplexity" in outcome.why
+    outcome = rule.judge({"acc": seeds(90.5, 90.6), "dense": seeds(91.0, 91.1), "margin": 1.0,
+                          "metric": "test_accuracy"})
+    assert outcome.verdict == "reproduced"
+    assert outcome.why == "gap -0.50 points (paired over seeds 0, 1; s.e. 0.00; 90% interval -0.50 to -0.50), margin 1"
 
 
 def _runs(rows: list[dict]) -> pd.DataFrame:
@@ -65,10 +73,17 @@ def _runs(rows: list[dict]) -> pd.DataFrame:
 
 
 def _history(runs: pd.DataFrame, per_step: dict[str, float]) -> pd.DataFrame:
-    """bytes_sent at steps 10 and 20 per run: ``per_step`` bytes a step by method."""
-    return pd.DataFrame([{"run_id": r.run_id, "name": r.name, "method": r.method, "seed": r.seed,
-                          "metric": "bytes_sent", "step": step, "value": per_step[r.method] * step}
-                         for r in runs.itertuples() for step in (10, 20)])
+    """bytes_sent at steps 10 and 20 per run: ``per_step`` bytes a step by method; the run's final
+    test metric at both steps (two evaluations that have settled)."""
+    rows = [{"run_id": r.run_id, "name": r.name, "method": r.method, "seed": r.seed,
+             "metric": "bytes_sent", "step": step, "value": per_step.get(r.method, 1e3) * step}
+            for r in runs.itertuples() for step in (10, 20)]
+    for metric in ("test_accuracy", "test_perplexity", "test_mlm_accuracy"):
+        if metric in runs:
+            rows += [{"run_id": r.run_id, "name": r.name, "method": r.method, "seed": r.seed, "metric": metric,
+                      "step": step, "value": getattr(r, metric)}
+                     for r in runs.itertuples() if pd.notna(getattr(r, metric)) for step in (10, 20)]
+    return pd.DataFrame(rows)
 
 
 def test_redsync_judges_a_language_model_by_perplexity():
@@ -85,7 +100,8 @@ def test_redsync_judges_a_language_model_by_perplexity():
     rows = {c.claim: c for c in evaluate(claims_redsync.CLAIMS, ev)}
     row = rows["RGC at 0.1% density reaches perplexity near dense SGD (lstm_lm)"]
     assert row.verdict == "reproduced"
-    assert row.ours.startswith("test perplexity 100.5 ± 1 (n=3) vs ssgd 100 ± 1 (n=3) (gap +0.50 perplexity")
+    assert row.ours == "test perplexity 100.5 ± 1 (n=3) vs ssgd 100 ± 1 (n=3)"
+    assert row.note.startswith("gap +0.50 perplexity (paired over seeds 0, 1, 2; s.e. 0.00")
     assert "within 2% (2) of ssgd" in row.note
     # the message claim quotes the wire table where it ran, and says "not measured" where not
     message = rows["[consistency check] RGC's messages are about 0.1% of the gradient (lstm_lm)"]
@@ -95,39 +111,45 @@ def test_redsync_judges_a_language_model_by_perplexity():
 def test_redsync_keeps_test_accuracy_for_image_models():
     from commlab.report import claims_redsync
 
-    runs = _runs([{"name": "ssgd_wide", "method": "ssgd", "model": "wide_mlp", "dataset": "fashion_mnist",
-                   "test_accuracy": 80.0, "workers": 4},
-                  {"name": "redsync_wide", "method": "redsync", "model": "wide_mlp", "dataset": "fashion_mnist",
-                   "test_accuracy": 79.5, "workers": 4, "algo_sent_fraction": 0.002,
-                   "algo_selected_fraction": 0.001}])
+    runs = _runs([*({"name": "ssgd_wide", "method": "ssgd", "model": "wide_mlp", "dataset": "fashion_mnist",
+                     "test_accuracy": 80.0 + s, "workers": 4, "seed": s} for s in (0, 1)),
+                  *({"name": "redsync_wide", "method": "redsync", "model": "wide_mlp", "dataset": "fashion_mnist",
+                     "test_accuracy": 79.5 + s, "workers": 4, "seed": s, "algo_sent_fraction": 0.002,
+                     "algo_selected_fraction": 0.001} for s in (0, 1))])
     rows = {c.claim: c for c in evaluate(claims_redsync.CLAIMS, Evidence(runs, _history(runs, {"ssgd": 1e6,
                                                                                               "redsync": 3e3})))}
     row = rows["RGC at 0.1% density reaches accuracy near dense SGD (wide_mlp)"]
-    assert row.ours.startswith("test accuracy 79.5 ± 0 (n=1) vs ssgd 80 ± 0 (n=1) (gap -0.50 points")
-    assert row.note.startswith("near = within 1 point of ssgd") and row.verdict == "reproduced"
+    assert row.ours == "test accuracy 80 ± 0.71 (n=2) vs ssgd 80.5 ± 0.71 (n=2)"
+    assert row.note.startswith("gap -0.50 points") and row.verdict == "reproduced"
+    assert "; redsync_wide; near = within 1 point of ssgd" in row.note
 
 
 def test_oktopk_compares_bert_by_masked_token_accuracy_in_its_own_setting():
     from commlab.report import claims_oktopk
 
     runs = _runs([
-        {"name": "ssgd_bert", "method": "ssgd", "model": "bert", "dataset": "bert_tokens", "test_mlm_accuracy": 40.0},
-        {"name": "oktopk_bert", "method": "oktopk", "model": "bert", "dataset": "bert_tokens",
-         "test_mlm_accuracy": 39.7, "param.method_params.density": "0.01"},
+        *({"name": "ssgd_bert", "method": "ssgd", "model": "bert", "dataset": "bert_tokens", "seed": s,
+           "test_mlm_accuracy": 40.0 + s} for s in (0, 1)),
+        *({"name": "oktopk_bert", "method": "oktopk", "model": "bert", "dataset": "bert_tokens", "seed": s,
+           "test_mlm_accuracy": 39.7 + s, "param.method_params.density": "0.01"} for s in (0, 1)),
         # image runs on as many workers: not BERT's reference; nor is ResNet-44's VGG-16's
-        {"name": "ssgd", "method": "ssgd", "model": "vgg16", "dataset": "cifar10", "test_accuracy": 92.0},
-        {"name": "ssgd_resnet44", "method": "ssgd", "model": "resnet44", "dataset": "cifar10", "test_accuracy": 70.0},
-        {"name": "gtopk", "method": "gtopk", "model": "vgg16", "dataset": "cifar10", "test_accuracy": 91.2,
-         "param.method_params.density": "0.02"},
+        *({"name": "ssgd", "method": "ssgd", "model": "vgg16", "dataset": "cifar10", "seed": s,
+           "test_accuracy": 92.0 + s} for s in (0, 1)),
+        *({"name": "ssgd_resnet44", "method": "ssgd", "model": "resnet44", "dataset": "cifar10", "seed": s,
+           "test_accuracy": 70.0} for s in (0, 1)),
+        *({"name": "gtopk", "method": "gtopk", "model": "vgg16", "dataset": "cifar10", "seed": s,
+           "test_accuracy": 91.2 + s, "param.method_params.density": "0.02"} for s in (0, 1)),
     ])
-    claims = evaluate(claims_oktopk.CLAIMS, Evidence(runs, pd.DataFrame(columns=["run_id", "metric", "step"])))
+    claims = evaluate(claims_oktopk.CLAIMS, Evidence(runs, _history(runs, {})))
     rows = {c.claim: c for c in claims}
     bert = rows["oktopk_bert: masked-token accuracy within about a point of dense allreduce"]
-    assert bert.verdict == "reproduced" and bert.ours.startswith("39.7 ± 0 (n=1) vs ssgd 40 ± 0 (n=1) (gap -0.30")
-    assert bert.note.startswith("tokenised corpus BERT, 8 workers, density 0.01")
+    assert bert.verdict == "reproduced"
+    assert bert.ours == "40.2 ± 0.71 (n=2) vs ssgd 40.5 ± 0.71 (n=2)"
+    assert bert.note.startswith("gap -0.30 points (paired over seeds 0, 1")
+    assert "; tokenised corpus BERT, 8 workers, density 0.01" in bert.note
     vgg = rows["gtopk: test accuracy within about a point of dense allreduce"]
-    assert vgg.ours.startswith("91.2 ± 0 (n=1) vs ssgd 92 ± 0 (n=1) (gap -0.80 points")
-    assert vgg.note.startswith("CIFAR-10 VGG-16, 8 workers")
+    assert vgg.ours == "91.7 ± 0.71 (n=2) vs ssgd 92.5 ± 0.71 (n=2)" and vgg.note.startswith("gap -0.80 points")
+    assert "; CIFAR-10 VGG-16, 8 workers" in vgg.note
     # methods of the grid without runs are named in the grid's prevailing metric
     missing = [c for c in claims if c.claim.startswith("topk_allgather:")]
     assert missing and missing[0].verdict == "not measured"

@@ -209,9 +209,36 @@ def metric_points(uri: str, run_id: str) -> list[dict]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+#: What a step's timing fields mean, the same for every method (docs/network.md, section 7); every
+#: ``*_s`` figure is seconds per step, rank 0's, between two log points.
+TIMING_FIELDS = {
+    "step_s": "wall-clock seconds per step (host clock)",
+    "compute_s": "the steps' own time less the communication they waited for (collective_s + blocked_s); "
+                 "communication hidden behind backward is inside it",
+    "collective_s": "the collectives' own time: a synchronous collective whole, an asynchronous one its launch",
+    "blocked_s": "the waits on asynchronous collectives (the part of their time nothing hid)",
+    "comm_s": "collective_s + blocked_s: the time a step spent communicating, whatever the method",
+    "selection_s": "the sparse methods' top-k and threshold selections (inside compute_s)",
+}
+
+
+def _per_step(first: dict, last: dict, key: str, steps: int) -> float | None:
+    """The growth of a cumulative counter per step; None (not measured) where a point lacks it."""
+    if key not in first or key not in last:
+        return None
+    return (last[key] - first[key]) / steps
+
+
+def _total(*parts: float | None) -> float | None:
+    """The sum of figures, None (not measured) when one of them is."""
+    return None if any(p is None for p in parts) else sum(parts)
+
+
 def step_summary(points: list[dict], workers: int, batch: int, from_step: int = 0) -> dict:
     """Per-step rates between the first logged point at or after ``from_step`` (the end of the
-    method's dense warm-up; start-up excluded) and the last one."""
+    method's dense warm-up; start-up excluded) and the last one. The timing fields mean the same
+    for every method (:data:`TIMING_FIELDS`); a counter the run did not log is None (not
+    measured), never 0."""
     pts = [p for p in points if "wall_seconds" in p and p["step"] >= from_step]
     if len(pts) < 2:
         raise ValueError(f"need two logged points with wall_seconds from step {from_step}, got {len(pts)}; "
@@ -220,15 +247,16 @@ def step_summary(points: list[dict], workers: int, batch: int, from_step: int = 
     steps = last["step"] - first["step"]
     wall = last["wall_seconds"] - first["wall_seconds"]
 
-    def per_step(key: str) -> float:
-        return (last.get(key, 0.0) - first.get(key, 0.0)) / steps
+    def per_step(key: str) -> float | None:
+        return _per_step(first, last, key, steps)
 
+    collective, blocked = per_step("comm_seconds"), per_step("blocked_seconds")
     return {"steps_measured": steps, "from_step": first["step"], "step_s": wall / steps,
             "samples_per_s": steps * workers * batch / wall if wall > 0 else None,
-            "compute_s": per_step("compute_seconds"), "comm_s": per_step("comm_seconds"),
-            "blocked_s": per_step("blocked_seconds"), "selection_s": per_step("selection_seconds"),
+            "compute_s": per_step("compute_seconds"), "collective_s": collective, "blocked_s": blocked,
+            "comm_s": _total(collective, blocked), "selection_s": per_step("selection_seconds"),
             "bytes_per_step": per_step("bytes_sent"),
-            "collectives_per_step": per_step("collectives_global") + per_step("collectives_local"),
+            "collectives_per_step": _total(per_step("collectives_global"), per_step("collectives_local")),
             "reductions_per_step": per_step("reductions_global")}
 
 

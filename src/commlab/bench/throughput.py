@@ -3,20 +3,23 @@ and ``ssgd`` against PyTorch DDP.
 
 docs/network.md, section 4. Every registered method (or ``--methods``) trains the same short run
 (``--max-steps`` steps of the laptop CNN, 4 workers) on loopback and on emulated links of 1 Gbit/s
-and 100 Mbit/s (:mod:`commlab.launch.netem`), all in this one invocation, so each ratio compares runs
-measured minutes apart on the same machine. Samples/s is taken between the first and the last
-logged point of each run (start-up, the first steps and the final evaluation drop out); the
-JSON also keeps per-step compute, communication, bytes and collectives, which feed the cost
-model (``commlab bench scaling``). Methods run with the options the laptop-scale paper grids give
-them (``--options defaults``: their own defaults), dense warm-up included, and the rate is taken
-after the warm-up ends (``--max-steps`` steps of the method itself; ``--no-warmup`` skips the
-warm-up instead). With ``--repeats R`` the methods are interleaved R times, in the given order on
-even repeats and in reverse on odd ones (so that no method always runs first after a link is set
-up, or always right after the same neighbour), and the median is reported; each method's ratio to
-``ssgd`` within each repeat is kept too (``ratio_per_repeat``), to show the spread that one short
-window has. ``ddp`` always runs beside ``ssgd`` (added when ``--methods`` leaves it out):
-``ssgd / ddp``, per network, says how the dense reference every ratio divides by compares with
-what a PyTorch user runs.
+and 100 Mbit/s (:mod:`commlab.launch.netem`), all in this one invocation, so each ratio compares
+runs measured minutes apart on the same machine. Samples/s is taken between the first and the last
+logged point of each run (start-up, the first steps and the final evaluation drop out); the JSON
+also keeps per-step compute, communication, bytes and collectives, which feed the cost model
+(``commlab bench scaling``). The timing fields mean the same for every method, synchronous or
+overlapping (``timing_fields`` in the JSON, docs/network.md section 7): ``comm_s`` is the time a
+step spent communicating, the collectives' own time (``collective_s``: an asynchronous one's launch)
+plus the waits on asynchronous ones (``blocked_s``); a figure a run did not log is null. Methods run
+with the options the laptop-scale paper grids give them (``--options defaults``: their own
+defaults), dense warm-up included, and the rate is taken after the warm-up ends (``--max-steps``
+steps of the method itself; ``--no-warmup`` skips the warm-up instead). With ``--repeats R`` the
+methods are interleaved R times, in the given order on even repeats and in reverse on odd ones (so
+that no method always runs first after a link is set up, or always right after the same neighbour),
+and the median is reported; each method's ratio to ``ssgd`` within each repeat is kept too
+(``ratio_per_repeat``), to show the spread that one short window has. ``ddp`` always runs beside
+``ssgd`` (added when ``--methods`` leaves it out): ``ssgd / ddp``, per network, says how the dense
+reference every ratio divides by compares with what a PyTorch user runs.
 Emulated links need root and iproute2; without them those columns are skipped with the reason.
 On emulated links each run also records the bytes its links carried in the measured window, per
 rank and summed, beside the accounted bytes (``wire`` in the JSON; ``commlab bench wire`` turns
@@ -32,6 +35,7 @@ import argparse
 import statistics
 
 from commlab.bench.common import (
+    TIMING_FIELDS,
     Workdir,
     add_output_arguments,
     add_training_arguments,
@@ -96,6 +100,16 @@ WIRE_SUMMARY = {"accounted_bytes_all_ranks": "bytes_sent", "wire_bytes_all_ranks
                 "wire_payload_all_ranks": "wire_tx_payload", "wire_over_accounted": "payload_over_accounted"}
 
 
+#: The per-step figures of each run that the summary takes the median of (timing fields: TIMING_FIELDS).
+SUMMARY_KEYS = ("samples_per_s", "step_s", "compute_s", "collective_s", "blocked_s", "comm_s", "bytes_per_step",
+                "collectives_per_step", "reductions_per_step")
+
+
+def median_or_none(values: list) -> float | None:
+    """The median over repeats; None (not measured) when a repeat did not measure it."""
+    return None if not values or any(v is None for v in values) else statistics.median(values)
+
+
 def ssgd_over_ddp(table: list[dict], networks: list[str]) -> dict[str, float | None]:
     """Per network: ssgd's samples/s over ddp's (None where either failed)."""
     rate = {(e["network"], e["method"]): e.get("samples_per_s") for e in table}
@@ -133,9 +147,8 @@ def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list
             if not ok:
                 entry["error"] = mine[0].get("error", "no measurement")
             else:
-                for key in ("samples_per_s", "step_s", "compute_s", "comm_s", "blocked_s", "bytes_per_step",
-                            "collectives_per_step", "reductions_per_step"):
-                    entry[key] = statistics.median(r[key] for r in ok)
+                for key in SUMMARY_KEYS:
+                    entry[key] = median_or_none([r.get(key) for r in ok])
                 entry["ratio_to_ssgd"] = entry["samples_per_s"] / dense_rate if dense_rate else None
                 entry["ratio_per_repeat"] = per_repeat_ratios(rows, net, method)
                 entry["measured_link_mbit"] = ok[0].get("measured_link_mbit")
@@ -184,7 +197,8 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
                "repeats": args.repeats, "options": args.options, "warmup_steps_zero": args.no_warmup,
                "methods": methods,
                "networks": names, "skipped_networks": skipped,
-               "ssgd_over_ddp": versus_ddp, "ssgd_over_ddp_per_repeat": versus_ddp_each, "summary": table, "runs": rows}
+               "ssgd_over_ddp": versus_ddp, "ssgd_over_ddp_per_repeat": versus_ddp_each, "timing_fields": TIMING_FIELDS,
+               "summary": table, "runs": rows}
 
     wide = []
     for method in methods:

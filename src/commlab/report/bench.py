@@ -5,13 +5,16 @@ workers talk over shaped links. The throughput benchmark (:mod:`commlab.bench.th
 measures exactly that, every method beside dense ``ssgd`` in one invocation, at loopback and at
 emulated 1 Gbit/s and 100 Mbit/s; the scaling benchmark extrapolates the measured volumes with
 the alpha-beta cost model. The claims (``commlab.report.claims_<paper>``) read those JSON files
-(``reports/bench/``) when MLflow holds no run with a ``network`` setting, and say where the
-numbers come from.
+from the report's own folder (``<out_dir>/bench/``, never the working directory's) when MLflow
+holds no run with a ``network`` setting, and name the file they read.
 
-    bench = load_bench("throughput", out_dir)
+    bench = load_bench("throughput", out_dir)       # with bench["file"]: the path read
     table = throughput_ratios(bench)                # network x method: ratio to ssgd on that link
+    dense_comm_share(bench)                         # 'loopback 30%, 100Mbit 80% (ssgd's collectives ...)'
 
-The claims judge such ratios with :class:`commlab.report.rules.SpeedTrend`.
+The claims judge such ratios with :class:`commlab.report.rules.SpeedTrend`. The communication
+share of a step is (collectives' own time + waits on asynchronous ones) / step, the benchmark's
+``comm_s / step_s``, the same for every method (:data:`commlab.bench.common.TIMING_FIELDS`).
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ from pathlib import Path
 import pandas as pd
 
 
-def load_bench(name: str, out_dir: str | Path = "reports") -> dict | None:
-    """``<out_dir>/bench/<name>.json`` (or the project's ``reports/bench``), or None when not run."""
-    for candidate in (Path(out_dir) / "bench" / f"{name}.json", Path("reports/bench") / f"{name}.json"):
-        if candidate.exists():
-            return json.loads(candidate.read_text())
-    return None
+def load_bench(name: str, out_dir: str | Path) -> dict | None:
+    """``<out_dir>/bench/<name>.json`` with the path it was read from as ``file``, or None when
+    that benchmark did not run for this report."""
+    path = Path(out_dir) / "bench" / f"{name}.json"
+    if not path.exists():
+        return None
+    return {**json.loads(path.read_text()), "file": str(path)}
 
 
 def link_mbit(network: str) -> float:
@@ -46,15 +50,35 @@ def throughput_ratios(bench: dict, value: str = "ratio_to_ssgd") -> pd.DataFrame
 
 
 def dense_comm_share(bench: dict) -> str:
-    """'loopback 26%, 100Mbit 69%': the share of dense SGD's step spent communicating per network
-    (what bounds any communication-saving method's gain there)."""
-    rows = [r for r in bench.get("summary", []) if r.get("method") == "ssgd" and r.get("step_s")]
+    """'loopback 30%, 100Mbit 80% (ssgd's collectives ...)': per network, the share of dense SGD's step spent
+    communicating, its collectives' own time plus the waits on its asynchronous allreduces
+    (``comm_s / step_s``; what bounds any communication-saving method's gain there). A file without
+    ``collective_s`` predates that meaning of ``comm_s``: not measured."""
+    rows = [r for r in bench.get("summary", []) if r.get("method") == "ssgd" and "error" not in r]
+    if not rows:
+        return "not measured (no ssgd row in the throughput benchmark)"
+    if any("collective_s" not in r for r in rows):
+        return ("not measured (the throughput benchmark's file predates comm_s = collectives + blocked time: "
+                "rerun commlab bench throughput)")
     rows.sort(key=lambda r: link_mbit(r["network"]), reverse=True)
-    return ", ".join(f"{r['network']} {100 * r['comm_s'] / r['step_s']:.0f}%" for r in rows)
+    shares = [f"{r['network']} " + (f"{100 * r['comm_s'] / r['step_s']:.0f}%" if r.get("comm_s") is not None
+                                    and r.get("step_s") else "not measured") for r in rows]
+    return ", ".join(shares) + " (ssgd's collectives' own time plus its waits on asynchronous allreduces, " \
+                               "over its step)"
 
 
-def provenance(bench: dict, path: str = "reports/bench/throughput.json") -> str:
-    """Where benchmark numbers come from, for a claim's note."""
+def environment_note(bench: dict | None) -> str:
+    """'2 CPUs, load average 9.1': the machine a benchmark measured on, from its environment block
+    ('' without one)."""
+    env = (bench or {}).get("environment") or {}
+    parts = [f"{env['cpus']} CPUs" if env.get("cpus") else "",
+             f"load average {env['load_average'][0]:g}" if env.get("load_average") else ""]
+    return ", ".join(p for p in parts if p)
+
+
+def provenance(bench: dict) -> str:
+    """Where benchmark numbers come from, for a claim's note: the file read, what it ran, its links,
+    machine and commit."""
     env = bench.get("environment", {})
     links = ", ".join(f"{r['network']} measured {r['measured_link_mbit']:g} Mbit/s"
                       for r in bench.get("summary", []) if r.get("method") == "ssgd" and r.get("measured_link_mbit"))
@@ -63,8 +87,10 @@ def provenance(bench: dict, path: str = "reports/bench/throughput.json") -> str:
             f"{bench.get('repeats', 1)}, "
             + ("the paper grids' method options" if bench.get("options") == "grid" else "method defaults")
             + (", no warm-up" if bench.get("warmup_steps_zero") else ", measured after the dense warm-up"))
-    return (f"{path} ({what}; {links or 'no emulated link'}; commit {str(env.get('git_commit', '?'))[:12]}, "
-            f"{env.get('time', '?')})")
+    machine = environment_note(bench)
+    return (f"{bench.get('file', 'a benchmark file of unknown path')} ({what}; {links or 'no emulated link'}; "
+            + (f"{machine}; " if machine else "")
+            + f"commit {str(env.get('git_commit', '?'))[:12]}, {env.get('time', '?')})")
 
 
 def modelled_speedups(scaling: dict, methods: list[str], link: str, key: str = "predictions_laptop") -> pd.DataFrame:

@@ -18,17 +18,22 @@ or :class:`NotMeasured` for a row that says itself why it is not measured. The `
     Declared(
         claim="{name}: test accuracy within about a point of dense allreduce",
         paper="Fig. 10-12",
-        sources=(Source(measure=accuracy_against_dense,            # values: name, acc, dense_acc, ...
-                        rule=AccuracyMatch("acc", "dense_acc", margin=1.0),
-                        ours="{acc_text} vs ssgd {dense_text} ({why})",
-                        note="{workers} workers, density {density:g}"),),
+        sources=(Source(measure=accuracy_against_dense,            # values: name, acc, dense, trend, ...
+                        rule=AccuracyMatch("acc", "dense", margin=1.0, trend="trend"),
+                        ours="{acc_text} vs ssgd {dense_text}",
+                        note="{why}; {workers} workers, density {density:g}"),),
         needs="needs finished runs and ssgd on as many workers")
 
-Verdicts are one of ``VERDICTS``; "not measured" is honest when a run is missing. A statement that
-holds by construction (a byte count given by a formula, a density the method is set to) is no
-reproduction of a paper: it is a consistency check of our own accounting (``check=True``, rule
-:class:`~commlab.report.rules.Consistency`), with the verdict ``consistent`` or ``inconsistent``
-(``CHECKS``), listed apart from the paper's claims.
+Verdicts are one of ``VERDICTS`` (docs/claims.md gives each one's decision rule). What was
+measured against the claim is reproduced, partly reproduced or contradicted (the claim's premise
+holds here and the measurement goes against it beyond the noise); what this setting cannot decide
+says why: inconclusive (within the noise; the note says how many seeds would decide it), not
+testable at this scale (the premise is absent or the paper's regime out of reach; ``to_test``
+says what would test it), not testable at this budget (the runs have not converged), not measured
+(a run, a file or a metric is missing). A statement that holds by construction (a byte count given
+by a formula, a density the method is set to) is no reproduction of a paper: it is a consistency
+check of our own accounting (``check=True``, rule :class:`~commlab.report.rules.Consistency`), with
+the verdict ``consistent`` or ``inconsistent`` (``CHECKS``), listed apart from the paper's claims.
 
 Each claim says how many seeds stand behind its means (``seeds``, e.g. "n=3" or "n=1-3"): the
 measurement's ``seeds`` value, or else read from the "(n=…)" that :func:`mean_sd` writes into ``ours``.
@@ -46,14 +51,35 @@ from typing import Any
 
 import pandas as pd
 
-REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_MEASURED = ("reproduced", "partly reproduced", "not reproduced",
-                                                    "not measured")
+REPRODUCED, PARTLY = "reproduced", "partly reproduced"
+CONTRADICTED = "contradicted"  # the premise holds here and the measurement goes against the claim beyond the noise
+INCONCLUSIVE = "inconclusive"  # within the noise: the note says how many seeds would decide it
+UNTESTABLE = "not testable at this scale"  # the premise is absent or the regime out of reach here
+UNCONVERGED = "not testable at this budget"  # the runs have not converged: the gap is still moving
+NOT_MEASURED = "not measured"  # a run, a file or a metric is missing
 CONSISTENT, INCONSISTENT = "consistent", "inconsistent"
-REPRODUCTION = (REPRODUCED, PARTLY, NOT_REPRODUCED, NOT_MEASURED)
+REPRODUCTION = (REPRODUCED, PARTLY, CONTRADICTED, INCONCLUSIVE, UNTESTABLE, UNCONVERGED, NOT_MEASURED)
 CHECKS = (CONSISTENT, INCONSISTENT)  # statements that hold by construction
 VERDICTS = REPRODUCTION + CHECKS
-VERDICT_COLOURS = {"reproduced": "#d4edda", "partly reproduced": "#fff3cd", "not reproduced": "#f8d7da",
-                   "not measured": "#e2e3e5", "consistent": "#d1ecf1", "inconsistent": "#f5c6cb"}
+#: What each verdict means, in a sentence (docs/claims.md gives each one's decision rule).
+VERDICT_MEANINGS = {
+    REPRODUCED: "measured here as the paper claims",
+    PARTLY: "measured here, part of the claim holds",
+    CONTRADICTED: "the premise holds here and the measurement goes against the claim beyond the noise",
+    INCONCLUSIVE: "measured, but within the noise: the note says how many seeds would decide it",
+    UNTESTABLE: "the premise is absent or the paper's regime out of reach here: the note says what would test it",
+    UNCONVERGED: "the runs have not converged (the reference still improves or the gap still closes): the note "
+                 "gives the trend and what would test it",
+    NOT_MEASURED: "a run, a benchmark file or a metric is missing: the note says which",
+    CONSISTENT: "a check of our own accounting that holds (not a reproduction)",
+    INCONSISTENT: "a check of our own accounting that fails",
+}
+VERDICT_COLOURS = {REPRODUCED: "#d4edda", PARTLY: "#fff3cd", CONTRADICTED: "#f8d7da", INCONCLUSIVE: "#e6dcf2",
+                   UNTESTABLE: "#dbe7f3", UNCONVERGED: "#dbe7f3", NOT_MEASURED: "#e2e3e5", CONSISTENT: "#d1ecf1",
+                   INCONSISTENT: "#f5c6cb"}
+#: Verdicts whose note gets the declaration's ``caveat``, and those that get its ``to_test``.
+_CAVEATED = (PARTLY, CONTRADICTED, INCONCLUSIVE)
+_NOT_TESTABLE = (UNTESTABLE, UNCONVERGED)
 CHECK_PREFIX = "[consistency check] "
 _N = re.compile(r"\(n=(\d+)\)")
 
@@ -110,7 +136,9 @@ class Source:
 class Declared:
     """A paper's claim: its text and figure, the sources that can measure it (the first that finds
     its runs or files decides), what the row says when none does, and whether it is a consistency
-    check. ``caveat`` is added to the note of any verdict short of "reproduced"."""
+    check. ``caveat`` is added to the note of a verdict that is partly reproduced, contradicted or
+    inconclusive; ``to_test`` (what would test the claim: a longer run, a paper-scale grid, a
+    cluster) to the note of a verdict "not testable", both templates over the measurement."""
 
     claim: str
     paper: str
@@ -119,18 +147,19 @@ class Declared:
     needs: str = ""
     check: bool = False
     caveat: str = ""
+    to_test: str = ""
 
 
 @dataclass
 class Evidence:
     """What claims are measured from: the paper's runs (one row per name and seed, final metrics and
     ``param.*`` columns), their metric history (long form) and the benchmark results under
-    ``<out_dir>/bench``. Tables derived once and shared by several claims (and the figures) are
-    cached: ``evidence.table(describe)``."""
+    ``<out_dir>/bench`` (the report's own folder; without ``out_dir`` there are none). Tables derived
+    once and shared by several claims (and the figures) are cached: ``evidence.table(describe)``."""
 
     runs: pd.DataFrame
     history: pd.DataFrame
-    out_dir: Path = Path("reports")
+    out_dir: Path | None = None
     tables: dict = field(default_factory=dict, repr=False)
 
     def table(self, build: Callable[[Evidence], Any]) -> Any:
@@ -139,18 +168,22 @@ class Evidence:
         return self.tables[build]
 
     def bench(self, name: str) -> dict | None:
+        """``<out_dir>/bench/<name>.json`` with the path it was read from as ``file``, or None."""
         from commlab.report.bench import load_bench
 
-        return load_bench(name, self.out_dir)
+        return load_bench(name, self.out_dir) if self.out_dir is not None else None
 
 
 def _fill(template: str, values: dict) -> str:
     return template.format_map(values) if template else ""
 
 
-def _row(declared: Declared, claim: str, paper: str, ours: str, verdict: str, note: str, seeds: str) -> Claim:
-    if verdict not in (NOT_MEASURED, REPRODUCED, *CHECKS) and declared.caveat:
-        note += declared.caveat
+def _row(declared: Declared, claim: str, paper: str, ours: str, verdict: str, note: str, seeds: str,
+         values: dict) -> Claim:
+    if verdict in _CAVEATED and declared.caveat:
+        note += _fill(declared.caveat, values)
+    if verdict in _NOT_TESTABLE and declared.to_test:
+        note = "; ".join(filter(None, [note, "to test it: " + _fill(declared.to_test, values)]))
     return Claim(CHECK_PREFIX + claim if declared.check else claim, paper, ours, verdict, note, seeds)
 
 
@@ -158,12 +191,13 @@ def _judged(declared: Declared, source: Source, values: dict) -> Claim:
     outcome = source.rule.judge(values)
     filled = {**values, "why": outcome.why, "verdict": outcome.verdict}
     return _row(declared, _fill(declared.claim, filled), _fill(declared.paper, filled),
-                _fill(source.ours, filled), outcome.verdict, _fill(source.note, filled), str(values.get("seeds", "")))
+                _fill(source.ours, filled), outcome.verdict, _fill(source.note, filled), str(values.get("seeds", "")),
+                filled)
 
 
 def _unmeasured(declared: Declared, why: NotMeasured) -> Claim:
     return _row(declared, _fill(declared.claim, why.values), _fill(declared.paper, why.values), why.ours,
-                NOT_MEASURED, why.note, "")
+                NOT_MEASURED, why.note, "", why.values)
 
 
 def evaluate_one(declared: Declared, evidence: Evidence) -> list[Claim]:
@@ -218,11 +252,8 @@ def seeds_of(runs: pd.DataFrame) -> str:
     return seeds_label(runs.groupby("name").seed.nunique()) if len(runs) else ""
 
 
-def claims_frame(claims: list[Claim]) -> pd.DataFrame:
-    return pd.DataFrame([asdict(c) for c in claims])
-
-
-def write_claims(paper: str, title: str, claims: list[Claim], out_dir: str | Path = "reports") -> Path:
+def write_claims(paper: str, title: str, claims: list[Claim], out_dir: str | Path) -> Path:
+    """``<out_dir>/<paper>/claims.json``: the title and every row, in order."""
     path = Path(out_dir) / paper / "claims.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"paper": paper, "title": title, "claims": [asdict(c) for c in claims]},

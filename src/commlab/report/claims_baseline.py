@@ -3,8 +3,8 @@ Distributed: Experiences on Accelerating Data Parallel Training", VLDB'20, secti
 averaging by a bucketed allreduce, the same updates as local SGD on the global batch).
 
 Measured on the runs ``ssgd`` and ``ddp`` of config/papers/baseline.yaml (same seeds): their
-training-loss curves, final test accuracies and bytes sent per step, the last against one ring
-allreduce of the gradient (Patarasuk & Yuan 2009).
+training-loss curves, final test accuracies (paired by seed) and bytes sent per step, the last
+against one ring allreduce of the gradient (Patarasuk & Yuan 2009).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from commlab.report.claims import Declared, Evidence, Source, mean_sd
+from commlab.report.claims import Declared, Evidence, NotMeasured, Source, mean_sd
+from commlab.report.paired import difference
 from commlab.report.rules import Consistency, Within
-from commlab.report.tables import bytes_per_step, wide_history
+from commlab.report.tables import by_seed, bytes_per_step, wide_history
 
 METRICS = ["train_loss", "test_loss", "test_accuracy", "samples", "bytes_sent", "wall_seconds"]
 LOSS_TOLERANCE = 0.02  # mean |loss gap| accepted between two runs of one algorithm (float order)
@@ -31,10 +32,11 @@ def training_curves(ev: Evidence) -> pd.DataFrame:
 
 
 def _accuracies(ev: Evidence) -> tuple[pd.Series, pd.Series]:
+    """ssgd's and ddp's final test accuracies, indexed by seed."""
     runs = ev.runs
     if not len(runs):
         return pd.Series(dtype=float), pd.Series(dtype=float)
-    return runs.loc[runs.name == "ssgd", "test_accuracy"], runs.loc[runs.name == "ddp", "test_accuracy"]
+    return by_seed(runs[runs.name == "ssgd"], "test_accuracy"), by_seed(runs[runs.name == "ddp"], "test_accuracy")
 
 
 def loss_gap(ev: Evidence) -> dict | None:
@@ -65,13 +67,6 @@ def loss_gap(ev: Evidence) -> dict | None:
             "tolerance": LOSS_TOLERANCE}
 
 
-def pooled_sd(*groups: pd.Series) -> float:
-    """Pooled within-group standard deviation (0 when no group has two values)."""
-    squares = sum(float(((g - g.mean()) ** 2).sum()) for g in groups)
-    dof = sum(len(g) - 1 for g in groups)
-    return float(np.sqrt(squares / dof)) if dof > 0 else 0.0
-
-
 def test_images(run) -> int | None:
     """How many test images a run evaluated on, from its params: ``test_images`` where the run
     logged it, else its ``train.test_subset`` (None: the whole test set, whose size the run did
@@ -84,20 +79,21 @@ def test_images(run) -> int | None:
 
 
 def accuracy_difference(ev: Evidence) -> dict | None:
-    """The difference of the mean final accuracies against what the runs can resolve: twice the
-    larger of its standard error over seeds (pooled s.d.) and its standard error from the finite
-    test set (binomial; two seeds give a poor s.d., so the test set sets a floor)."""
+    """The difference of the final accuracies, paired by seed (:mod:`commlab.report.paired`),
+    against what the runs can resolve: twice the larger of its standard error over seeds and its
+    standard error from the finite test set (binomial; a few seeds give a poor s.d., so the test
+    set sets a floor)."""
     ssgd, ddp = _accuracies(ev)
-    if not len(ssgd) or not len(ddp):
+    diff = difference(ssgd, ddp)
+    if diff is None:
         return None
-    diff = float(ssgd.mean() - ddp.mean())
-    per_pair = 1 / len(ssgd) + 1 / len(ddp)
-    se_seed = pooled_sd(ssgd, ddp) * np.sqrt(per_pair)
+    se_seed = diff.se if diff.n >= 2 else 0.0
     n_test = test_images(ev.runs.iloc[0])
     p = float(pd.concat([ssgd, ddp]).mean()) / 100
-    se_test = 100 * np.sqrt(p * (1 - p) / n_test * per_pair) if n_test else 0.0
-    return {"ssgd": mean_sd(ssgd), "ddp": mean_sd(ddp), "diff": diff, "abs_diff": abs(diff), "se_seed": se_seed,
-            "n_test": n_test, "se_test": se_test, "allowed": 2 * max(se_seed, se_test)}
+    se_test = 100 * np.sqrt(p * (1 - p) / n_test * 2 / diff.n) if n_test else 0.0
+    return {"ssgd": mean_sd(ssgd), "ddp": mean_sd(ddp), "diff": diff.mean, "abs_diff": abs(diff.mean),
+            "se_seed": se_seed, "n_test": n_test, "se_test": se_test, "allowed": 2 * max(se_seed, se_test),
+            "paired": diff.describe("pp")}
 
 
 def ring_allreduce_bytes(parameters: int, workers: int) -> float:
@@ -111,16 +107,20 @@ def ring_allreduce_bytes(parameters: int, workers: int) -> float:
     return 4.0 * (2 * parameters - chunk[1 % workers] - chunk[2 % workers])
 
 
-def bytes_against_ring(ev: Evidence) -> dict | None:
+def bytes_against_ring(ev: Evidence) -> dict | NotMeasured | None:
     """Bytes sent per step by rank 0 for ssgd and ddp beside one ring allreduce of the gradient
     (the model's size from the ``model_parameters`` every run logs)."""
     ssgd, ddp = _accuracies(ev)
     if not len(ssgd) or not len(ddp):
         return None
     run = ev.runs.iloc[0]
+    if pd.isna(run.get("param.model_parameters")):
+        return NotMeasured("not measured: the runs logged no model_parameters", NEEDS)
     expected = ring_allreduce_bytes(int(float(run["param.model_parameters"])), int(run["workers"]))
     measured = {name: float(np.mean([bytes_per_step(ev.history, r) for r in ev.runs[ev.runs.name == name].run_id]))
                 for name in ("ssgd", "ddp")}
+    if any(np.isnan(v) for v in measured.values()):
+        return NotMeasured("not measured: no bytes_sent history of two logged steps", NEEDS)
     worst = max(abs(v / expected - 1.0) for v in measured.values())
     return {"ssgd": measured["ssgd"], "ddp": measured["ddp"], "expected": expected, "worst": worst,
             "holds": worst <= BYTES_TOLERANCE, "tolerance": BYTES_TOLERANCE}
@@ -139,7 +139,7 @@ CLAIMS = [
         claim="ssgd and DDP reach the same final test accuracy",
         paper="DDP (Li et al., VLDB'20)",
         sources=(Source(accuracy_difference, Within("abs_diff", bound="allowed", partly=2),
-                        ours="ssgd {ssgd} %, ddp {ddp} %; difference {diff:+.2f} pp",
+                        ours="ssgd {ssgd} %, ddp {ddp} %; difference {paired}",
                         note="verdict: |difference| <= 2 x max(s.e. over seeds {se_seed:.2f}, s.e. of {n_test} test "
                              "images {se_test:.2f}) = {allowed:.2f} pp"),),
         needs=NEEDS),

@@ -1,14 +1,16 @@
 """Ok-Topk's claims (Li & Hoefler, "Near-Optimal Sparse Allreduce for Distributed Deep Learning",
-PPoPP'22): a volume per worker below 6k whatever P (abstract; cost model 6k(P-1)/P), TopkA's
-2k(P-1) growth (Table 1), accuracy near dense allreduce (Fig. 10-12), threshold reuse cheaper than
-exact top-k (Sec. 4, Fig. 7) and the throughput gains over dense and sparse allreduces (abstract).
+PPoPP'22): a volume per worker below 6k whatever P (abstract; cost model 6k(P-1)/P), TopkA's 2k(P-1)
+growth (Table 1), accuracy near dense allreduce (Fig. 10-12), threshold reuse cheaper than exact
+top-k (Sec. 4, Fig. 7) and the throughput gains over dense and sparse allreduces (abstract).
 
-Volumes are what the Communicator counted per rank (indices and values, count exchanges
-included), logged by the methods as ``algo_*`` metrics; selection timings come from the runs and
-from ``commlab bench selection``; throughput from ``commlab bench throughput`` (reports/bench/); the
-volume claims quote the bytes the emulated links carried for the accounted ones (``commlab bench
-wire``, reports/bench/wire.json). Accuracy is the task's metric (test accuracy of the image
-models, masked-token accuracy of BERT; :mod:`commlab.report.metrics`).
+Volumes are what the Communicator counted per rank (indices and values, count exchanges included),
+logged by the methods as ``algo_*`` metrics; selection timings come from the runs and from ``commlab
+bench selection``; throughput from ``commlab bench throughput`` (the report's ``bench/`` folder);
+the volume claims quote the bytes the emulated links carried for the accounted ones (``commlab bench
+wire``, ``bench/wire.json``). The accuracy claims pair each method with ssgd over seeds and judge
+the gap only once both have converged (:func:`commlab.report.tables.parity`). Accuracy is the task's
+metric (test accuracy of the image models, masked-token accuracy of BERT;
+:mod:`commlab.report.metrics`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from commlab.report.bench import dense_comm_share, modelled_speedups, provenance, throughput_ratios
-from commlab.report.claims import Declared, Evidence, NotMeasured, Source, mean_sd
-from commlab.report.metrics import TASK_METRICS, setting, task_metric
+from commlab.report.claims import Declared, Evidence, NotMeasured, Source
+from commlab.report.metrics import MODEL_NAMES, TASK_METRICS, setting, task_metric
 from commlab.report.rules import AccuracyMatch, AllOf, Below, Share, SpeedTrend, Within
-from commlab.report.tables import param, wide_history
-from commlab.report.wire import wire_note
+from commlab.report.tables import param, parity, wide_history
+from commlab.report.wire_volume import wire_note
 
 METRICS = ["train_loss", *TASK_METRICS, "bytes_sent", "samples", "wall_seconds", "selection_seconds",
            "algo_volume_over_k", "algo_recv_over_k", "algo_k", "algo_select_ms", "algo_local_selected",
@@ -43,8 +45,22 @@ def describe(ev: Evidence) -> pd.DataFrame:
     if not runs.empty:
         runs["warmup"] = param(runs, "method_params.warmup_steps", 0).fillna(0)
         runs["density"] = param(runs, "method_params.density")
+        runs["parameters"] = param(runs, "model_parameters")
         runs["scaling"] = runs.name.str.startswith("scale_")
     return runs
+
+
+def model_size(runs: pd.DataFrame) -> str:
+    """'MLP, n=25,450, k=509 (density 0.02)': the model, gradient elements and k of runs, from their
+    params and the ``algo_k`` they logged (each of several values joined by '/')."""
+    def spread(values, fmt: str) -> str:
+        found = sorted({v for v in values if pd.notna(v)})
+        return "/".join(fmt.format(v) for v in found) or "?"
+
+    models = spread((MODEL_NAMES.get(m, m) for m in runs.get("model", pd.Series(dtype=object))), "{}")
+    k = spread(runs.get("algo_k", pd.Series(dtype=float)), "{:,.0f}")
+    return (f"{models}, n={spread(runs.get('parameters', pd.Series(dtype=float)), '{:,.0f}')}, k={k} (density "
+            f"{spread(runs.get('density', pd.Series(dtype=float)), '{:g}')})")
 
 
 def wide_table(ev: Evidence) -> pd.DataFrame:
@@ -75,7 +91,10 @@ def volume_table(ev: Evidence) -> pd.DataFrame:
         return pd.DataFrame()
     sparse = runs[runs.algo_volume_over_k.notna()].copy()
     sparse["worst_step_over_k"] = [worst_step(ev, r) for r in sparse.run_id]
-    sparse["cumulative_over_k"] = sparse["algo_volume_over_k_max"] if "algo_volume_over_k_max" in sparse else np.nan
+    for metric in ("algo_volume_over_k_max", "algo_recv_over_k_mean", "algo_k"):  # a metric not logged: NaN
+        if metric not in sparse:
+            sparse[metric] = np.nan
+    sparse["cumulative_over_k"] = sparse["algo_volume_over_k_max"]
     table = sparse.groupby(["method", "workers", "scaling"], as_index=False).agg(
         runs=("run_id", "count"), k=("algo_k", "first"), worst_step_over_k=("worst_step_over_k", "max"),
         cumulative_over_k=("cumulative_over_k", "max"), recv_over_k=("algo_recv_over_k_mean", "mean"))
@@ -118,16 +137,20 @@ def oktopk_volume(ev: Evidence) -> dict | None:
     if ok.empty or not ok.worst_step_over_k.notna().any():
         return None
     worst, cumulative = ok.worst_step_over_k.dropna(), ok.cumulative_over_k
+    runs = ev.table(describe)
     return {"worst": list(worst), "per_p": ", ".join(f"{p}: {x:.2f} / {cumulative.get(p, np.nan):.2f}"
                                                       for p, x in worst.items()),
+            "size": model_size(runs[runs.scaling & (runs.method == "oktopk")]),
             "wire": wire_note(ev.bench("wire"), SPARSE_METHODS, WIRE_MODEL)}
 
 
-def topka_growth(ev: Evidence) -> dict | None:
+def topka_growth(ev: Evidence) -> dict | NotMeasured | None:
     ta = _scaling_of(ev, "topk_allgather")
     if ta.empty:
         return None
     t = ta.cumulative_over_k.dropna()
+    if t.empty:
+        return NotMeasured("not measured: the TopkA runs logged no algo_volume_over_k_max")
     table = ev.table(ratio_table)
     ratios = "" if table.empty else ", ".join(
         f"P={p}: {x:.3f} ({s})" for p, x, s in zip(table.index, table.oktopk_over_topka, table.topka_source,
@@ -148,7 +171,8 @@ def _same_setting(runs: pd.DataFrame, first: pd.Series) -> pd.Series:
 
 def accuracy_against_dense(ev: Evidence) -> list:
     """Per sparse run name (Ok-Topk's first) its final value of the task's metric beside ssgd's
-    in the same setting (workers, model, dataset); a row per sparse method of the grid without runs."""
+    in the same setting (workers, model, dataset), per seed, with both over their evaluations
+    (:func:`commlab.report.tables.parity`); a row per sparse method of the grid without runs."""
     runs = ev.table(accuracy_runs)
     names = runs[runs.method != "ssgd"].groupby("name").first() if not runs.empty else pd.DataFrame()
     if not names.empty:
@@ -160,14 +184,10 @@ def accuracy_against_dense(ev: Evidence) -> list:
         mine = runs[runs.name == name]
         dense_runs = runs[(runs.method == "ssgd") & _same_setting(runs, first)]
         metric = task_metric(mine)
-        acc = mine.get(metric.name, pd.Series(dtype=float))
-        dense = dense_runs.get(metric.name, pd.Series(dtype=float))
-        margin = metric.margin_for(dense)
-        values = {"name": name, "figure": FIGURES[first.method == "oktopk"], "acc": acc, "dense": dense,
-                  "acc_text": mean_sd(acc), "dense_text": mean_sd(dense), "workers": first.workers,
-                  "density": first.density, "metric": metric.name, "near": metric.near, "margin": margin,
-                  "setting": setting(mine)}
-        rows.append(NotMeasured(f"{mean_sd(acc)}; no ssgd run on {first.workers} workers", values=values)
+        values = {"name": name, "figure": FIGURES[first.method == "oktopk"], "workers": first.workers,
+                  "density": first.density, "near": metric.near, "setting": setting(mine),
+                  **parity(ev.history, mine, dense_runs, metric)}
+        rows.append(NotMeasured(f"{values['acc_text']}; no ssgd run on {first.workers} workers", values=values)
                     if dense_runs.empty else values)
     return rows
 
@@ -194,10 +214,15 @@ def selection_in_runs(ev: Evidence) -> dict | None:
     runs = ev.table(accuracy_runs)
     if runs.empty or not {"oktopk", "topk_allgather"} <= set(runs.method):
         return None
+    missing = [m for m in ("selection_seconds", "algo_sparse_steps") if m not in runs]
+    if missing:
+        return NotMeasured(f"not measured: the runs logged no {' and no '.join(missing)}")
     per_step = runs.assign(ms=1000 * runs.selection_seconds / runs.algo_sparse_steps)
     ok_ms = per_step[per_step.method == "oktopk"].ms.mean()
     ta_ms = per_step[per_step.method == "topk_allgather"].ms.mean()
-    return {"ok_ms": ok_ms, "ta_ms": ta_ms, "cheaper": [ok_ms < ta_ms], "bench": _selection_bench_note(ev)}
+    compared = runs[runs.method.isin(["oktopk", "topk_allgather"])]
+    return {"ok_ms": ok_ms, "ta_ms": ta_ms, "cheaper": [ok_ms < ta_ms], "bench": _selection_bench_note(ev),
+            "size": model_size(compared), "workers": "/".join(str(w) for w in sorted(set(compared.workers)))}
 
 
 def selection_bench(ev: Evidence) -> dict | None:
@@ -227,7 +252,7 @@ def throughput_bench(ev: Evidence) -> dict | None:
                           zip(model.index, model["oktopk"], over_best, strict=True) if p in MODEL_WORKERS))
     return {"dense": table["oktopk"], "sparse": table["oktopk"] / table[sparse].max(axis=1),
             "baselines": ", ".join(sparse), "provenance": provenance(bench), "share": dense_comm_share(bench),
-            "model": model_note}
+            "model": model_note, "workers": bench.get("workers", "?")}
 
 
 def throughput_runs(ev: Evidence) -> dict | None:
@@ -250,9 +275,9 @@ CLAIMS = [
         paper="abstract; cost model 6k(P-1)/P",
         sources=(Source(oktopk_volume, Below("worst", BOUND, min_points=3),
                         ours="worst step / cumulative mean volume/k, max over ranks, at P={per_p}",
-                        note="tiny MLP (n=25k, k=2%), every sparse step from the end of the dense warm-up (transient "
-                             "included), max over ranks; count exchanges included; bounded threshold control "
-                             "(default); {wire}"),),
+                        note="{size}, every sparse step from the end of the dense warm-up (transient included), "
+                             "max over ranks; count exchanges included; bounded threshold control (default); "
+                             "{wire}"),),
         missing="no scaling runs with per-step maxima"),
     Declared(
         claim="TopkA's volume per worker grows as 2k(P-1) while Ok-Topk's stays flat",
@@ -264,17 +289,21 @@ CLAIMS = [
     Declared(
         claim="{name}: {near} of dense allreduce",
         paper="{figure}",
-        sources=(Source(accuracy_against_dense, AccuracyMatch("acc", "dense", margin="margin", metric="metric"),
-                        ours="{acc_text} vs ssgd {dense_text} ({why})",
-                        note="{setting}, {workers} workers, density {density:g}, short runs; the gap is "
-                             "judged with its standard error over seeds (commlab.report.rules.accuracy_match)"),)),
+        sources=(Source(accuracy_against_dense,
+                        AccuracyMatch("acc", "dense", margin="margin", metric="metric", trend="trend"),
+                        ours="{acc_text} vs ssgd {dense_text}",
+                        note="{why}; {setting}, {workers} workers, density {density:g}; {trend_text}; the gap is "
+                             "paired over seeds and judged at convergence (commlab.report.rules.accuracy_match)"),),
+        to_test="runs long enough that ssgd and the gap settle between the last two evaluations: the whole training "
+                "set (scale laptop_full of config/papers/oktopk.yaml) or VGG-16 on CIFAR-10 for 161 epochs (scale "
+                "paper, config/paper_scale.yaml)"),
     Declared(
         claim="Threshold reuse makes selection cheaper than exact top-k",
         paper="Sec. 4 / Fig. 7",
         sources=(Source(selection_in_runs, Share("cheaper"),
                         ours="selection per sparse step: Ok-Topk {ok_ms:.2f} ms (local + global) vs exact top-k "
                              "{ta_ms:.2f} ms",
-                        note="CNN n=218k on a loaded CPU; {bench}"),
+                        note="{size} on {workers} workers; {bench}"),
                  Source(selection_bench, Share("cheaper", none="partly reproduced"), ours="see note", note="{bench}"))),
     Declared(
         claim="3.29-12.95x training throughput over dense and the best sparse allreduces, growing with P and as "
@@ -284,9 +313,9 @@ CLAIMS = [
                         ours="Ok-Topk / best other: {gains}", note="emulated links, small P"),
                  Source(throughput_bench, AllOf((SpeedTrend("dense"), SpeedTrend("sparse"))),
                         ours="Ok-Topk / ssgd: {why[0]}; Ok-Topk / best of {baselines}: {why[1]}",
-                        note="measured at P=4 by the throughput benchmark, {provenance}; dense SGD's communication "
-                             "share of a step: {share}{model}")),
+                        note="measured at P={workers} by the throughput benchmark, {provenance}; dense SGD's "
+                             "communication share of a step: {share}{model}")),
         missing="no runs on emulated links",
         needs="loopback has no bandwidth limit; needs runs with `network` set (emulated links) or `snakemake bench` "
-              "(reports/bench/throughput.json and scaling.json)"),
+              "(the report's bench/throughput.json and bench/scaling.json)"),
 ]

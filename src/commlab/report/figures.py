@@ -1,5 +1,6 @@
 """Seaborn figures shared by the report notebooks: a metric against an x-axis (samples, bytes,
-global reductions, seconds), one line per method variant, mean and spread over seeds."""
+global reductions, seconds), one line per method variant, mean and spread over seeds
+(tests/test_report_notebook.py checks the drawn means and units)."""
 
 from __future__ import annotations
 
@@ -22,10 +23,11 @@ AXIS_SCALE = {"bytes_sent": 1e6}
 
 def curves(wide: pd.DataFrame, x: str, y: str, hue: str = "name", ax=None, logx: bool = False,
            title: str | None = None):
-    """Line plot of ``y`` against ``x``; seeds are aggregated (mean, band = one s.d.)."""
+    """Line plot of ``y`` against ``x``; seeds are aggregated (mean, band = one s.d.). A metric the
+    runs did not log leaves the axes empty (labelled), never a zero line."""
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
-    data = wide.dropna(subset=[x, y])
+    data = wide.dropna(subset=[x, y]) if {x, y} <= set(wide.columns) else wide.iloc[0:0]
     data = data.assign(**{c: data[c] / AXIS_SCALE[c] for c in (x, y) if c in AXIS_SCALE})
     if not data.empty:
         sns.lineplot(data=data, x=x, y=y, hue=hue, errorbar="sd", ax=ax, marker="o", markersize=3)
@@ -37,14 +39,3 @@ def curves(wide: pd.DataFrame, x: str, y: str, hue: str = "name", ax=None, logx:
         ax.set_title(title)
     return ax
 
-
-def curve_grid(wide: pd.DataFrame, xs: list[str], ys: list[str], hue: str = "name"):
-    """A grid of :func:`curves`: rows are metrics, columns are x-axes."""
-    fig, axes = plt.subplots(len(ys), len(xs), figsize=(5 * len(xs), 3.6 * len(ys)), squeeze=False)
-    for i, y in enumerate(ys):
-        for j, x in enumerate(xs):
-            curves(wide, x, y, hue=hue, ax=axes[i][j])
-            if (i, j) != (0, len(xs) - 1) and axes[i][j].get_legend():
-                axes[i][j].get_legend().remove()
-    fig.tight_layout()
-    return fig

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from commlab.report.claims import VERDICT_COLOURS
+from commlab.report.claims import VERDICT_COLOURS, VERDICT_MEANINGS, VERDICTS
 from commlab.report.metrics import ACCURACY, TASK_METRICS, run_metric
 
 CHART_DPI = 150
@@ -157,7 +157,7 @@ def _charts(runs: pd.DataFrame, out: Path, metric: str) -> list[str]:
     if seconds.notna().any():
         on_link = runs.assign(link_seconds=seconds, link=f"emulated {link}, benchmark rate")
         charts.append(("link", on_link, "link_seconds", f"time of the run's samples at its method's throughput on "
-                       f"the emulated {link} link (s, log scale; reports/bench/throughput.json)", 1.0))
+                       f"the emulated {link} link (s, log scale; bench/throughput.json beside this page)", 1.0))
     suffix, measured = ("" if metric == ACCURACY.name else f"-{metric}"), TASK_METRICS[metric].measured
     figures = []
     for key, frame, column, label, scale in charts:
@@ -198,23 +198,49 @@ def cross_paper_html(out: Path) -> str:
     return "\n".join(parts)
 
 
+def verdict_counts(claims_by_paper: dict[str, list[dict]]) -> dict[str, Counter]:
+    """Per paper, how many of its claims got each verdict (a kind it has none of counts 0)."""
+    return {paper: Counter(c.get("verdict", "") for c in claims) for paper, claims in claims_by_paper.items()}
+
+
+def _count_cell(count: int, verdict: str) -> str:
+    return f'<span style="background:{VERDICT_COLOURS[verdict]};padding:0 .3em">{count}</span>' if count else ""
+
+
+def totals_html(counts: dict[str, Counter]) -> str:
+    """'In all: 36 claims: 12 reproduced, 0 partly reproduced, ...': every kind, over every paper."""
+    total = sum(counts.values(), Counter())
+    return (f"<p>In all: {sum(total.values())} claims: "
+            + ", ".join(f"{total[v]} {html.escape(v)}" for v in VERDICTS) + ".</p>")
+
+
+def verdicts_html() -> str:
+    """The verdicts and what each means, as a list."""
+    items = [f'<dt><span style="background:{VERDICT_COLOURS[v]};padding:0 .3em">{html.escape(v)}</span></dt>'
+             f"<dd>{html.escape(VERDICT_MEANINGS[v])}</dd>" for v in VERDICTS]
+    return '<dl class="commlab-verdicts">' + "".join(items) + "</dl>"
+
+
 def build_index(out: Path) -> Path:
-    """``out/index.html``: every paper's report, every claims table and the cross-paper charts."""
+    """``out/index.html``: every paper's report, every claims table, each kind of verdict counted
+    per paper and in all, and the cross-paper charts."""
     e = html.escape
     papers = sorted({p.parent.name for pattern in ("*/report.html", "*/claims.json") for p in out.glob(pattern)})
-    summary, claim_rows = [], []
+    summary, claim_rows, titles, links, claims_by_paper = [], [], {}, {}, {}
     for paper in papers:
         claims_path = out / paper / "claims.json"
         data = json.loads(claims_path.read_text()) if claims_path.exists() else {"title": "", "claims": []}
-        counts = Counter(c.get("verdict", "") for c in data.get("claims", []))
         link = e(paper)
         if (out / paper / "report.html").exists():
             link = f'<a href="{e(paper)}/report.html">{e(paper)}</a>'
-        tally = ", ".join(f"{n} {e(v)}" for v, n in sorted(counts.items())) or "no claims table"
-        summary.append([link, e(data.get("title", "")), str(len(data.get("claims", []))), tally])
+        titles[paper], links[paper], claims_by_paper[paper] = data.get("title", ""), link, data.get("claims", [])
         for c in data.get("claims", []):
             claim_rows.append([link] + [e(str(c.get(k, ""))) for k in ("claim", "paper", "ours", "seeds", "verdict",
                                                                         "note")])
+    counts = verdict_counts(claims_by_paper)
+    for paper in papers:
+        summary.append([links[paper], e(titles[paper]), str(len(claims_by_paper[paper]))]
+                       + [_count_cell(counts[paper][v], v) for v in VERDICTS])
     style = ("body{font-family:sans-serif;margin:2em;max-width:75em}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #bbb;padding:.35em .6em;vertical-align:top;text-align:left}"
              "th{background:#f0f0f0}img{max-width:100%;height:auto}")
@@ -224,9 +250,14 @@ def build_index(out: Path) -> Path:
         "<h1>commlab: reproduction reports</h1>",
         "<p>Each paper's report shows its runs from MLflow (mean and spread over seeds) and a claims "
         "table: the paper's claim, its figure, our measurement at our scale with the number of seeds n "
-        "behind each mean, and a verdict computed from the numbers.</p>",
+        "behind each mean, and a verdict computed from the numbers. Only reproduced, partly reproduced "
+        "and contradicted measure the paper's claim; the others say why this setting could not decide "
+        "it.</p>",
         "<h2>Papers</h2>",
-        _table(["paper", "title", "claims", "verdicts"], summary) if summary else "<p>No reports yet.</p>",
+        _table(["paper", "title", "claims", *(e(v) for v in VERDICTS)], summary, css="commlab-counts")
+        + totals_html(counts) if summary else "<p>No reports yet.</p>",
+        "<h2>The verdicts</h2>",
+        verdicts_html(),
         "<h2>Every method of every paper: accuracy against communication and time</h2>",
         cross_paper_html(out),
         "<h2>All claims</h2>",

@@ -39,6 +39,8 @@ import pandas as pd  # noqa: E402
 
 from commlab.report.claims import (  # noqa: E402
     VERDICT_COLOURS,
+    VERDICT_MEANINGS,
+    VERDICTS,
     Claim,
     Evidence,
     declarations,
@@ -89,7 +91,7 @@ def grid_title(paper: str) -> str:
         return paper
 
 
-def open_report(paper: str, out_dir: str | Path = "reports", tracking_uri: str | None = None,
+def open_report(paper: str, out_dir: str | Path, tracking_uri: str | None = None,
                 scale: str | None = None, metrics: list[str] | tuple = ()) -> Report:
     """Load the paper's runs at ``scale`` and the history of ``metrics``, show the title and what
     was run, and write the runs' final numbers for the index (``<out>/<paper>/runs.csv``)."""
@@ -160,12 +162,21 @@ def claims_html(claims: list[Claim]) -> str:
     return '<table class="commlab-claims">' + "\n".join(rows) + "</table>"
 
 
+def verdict_legend(claims: list[Claim]) -> str:
+    """What each verdict of the table says, for the kinds it holds, in the vocabulary's order:
+    '<p><small>4 claims: 1 reproduced (measured here as the paper claims); ...</small></p>'."""
+    counts = {v: sum(c.verdict == v for c in claims) for v in VERDICTS}
+    parts = [f"{n} {html.escape(v)} ({html.escape(VERDICT_MEANINGS[v])})" for v, n in counts.items() if n]
+    return f'<p class="commlab-legend"><small>{len(claims)} claims: ' + "; ".join(parts) + ".</small></p>"
+
+
 def show_claims(rep: Report) -> None:
     """Evaluate the paper's declared claims (``commlab.report.claims_<paper>``), write
-    ``claims.json`` and show the claims table (the report's first result)."""
+    ``claims.json`` and show the claims table with what its verdicts say (the report's first
+    result)."""
     claims = evaluate(declarations(rep.paper).CLAIMS, rep)
     write_claims(rep.paper, rep.title, claims, rep.out_dir)
-    _display_html("<h2>Claims and verdicts</h2>" + claims_html(claims))
+    _display_html("<h2>Claims and verdicts</h2>" + claims_html(claims) + verdict_legend(claims))
 
 
 def show(rep: Report, fig, name: str) -> Path:

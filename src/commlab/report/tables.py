@@ -11,6 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from commlab.report.claims import mean_sd
+from commlab.report.convergence import evaluation_trend
+from commlab.report.metrics import TaskMetric
+
 KEYS = ["run_id", "name", "method", "seed", "step"]
 
 
@@ -88,3 +92,24 @@ def mean_sd_table(runs: pd.DataFrame, by: str, columns: dict[str, str]) -> pd.Da
 
     present = {label: col for label, col in columns.items() if col in runs}
     return runs.groupby(by).agg(seeds=("seed", "nunique"), **{k: (c, spread) for k, c in present.items()})
+
+
+def by_seed(runs: pd.DataFrame, column: str) -> pd.Series:
+    """A column's values indexed by seed, NaN dropped: what a paired comparison takes
+    (:func:`commlab.report.paired.difference`)."""
+    if runs.empty or column not in runs:
+        return pd.Series(dtype=float, name=column)
+    values = pd.to_numeric(runs[column], errors="coerce").to_numpy(dtype=float)
+    return pd.Series(values, index=runs["seed"].astype(int).to_numpy(), name=column).dropna()
+
+
+def parity(history: pd.DataFrame, ours: pd.DataFrame, reference: pd.DataFrame, metric: TaskMetric) -> dict:
+    """What an accuracy-parity claim is judged on (:class:`commlab.report.rules.AccuracyMatch`):
+    both sides' final values of the task's ``metric`` per seed (``acc``, ``dense``) with their texts,
+    the margin of "near the reference", and the trend of both over their evaluations (``trend``:
+    judged at convergence only) in words (``trend_text``)."""
+    acc, dense = by_seed(ours, metric.name), by_seed(reference, metric.name)
+    trend = evaluation_trend(history, ours.get("run_id", []), reference.get("run_id", []), metric.name)
+    return {"acc": acc, "dense": dense, "acc_text": mean_sd(acc), "dense_text": mean_sd(dense),
+            "metric": metric.name, "margin": metric.margin_for(dense), "trend": trend,
+            "trend_text": trend.describe(metric.unit)}

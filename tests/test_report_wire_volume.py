@@ -1,9 +1,9 @@
-"""The wire table in the claims (commlab.report.wire): ratios and the claim's sentence, read from a
-hand-made ``commlab bench wire`` payload."""
+"""The wire table in the claims (commlab.report.wire_volume): ratios and the claim's sentence, read
+from a hand-made ``commlab bench wire`` payload."""
 
 import math
 
-from commlab.report.wire import wire_note, wire_ratios
+from commlab.report.wire_volume import wire_note, wire_ratios
 
 
 def _row(method, model, accounted, payload, expected_ratio, note):

@@ -2,7 +2,7 @@
 
 Every volume claim of the reports (Ok-Topk's "< 6k per worker", TopkA's 2k(P-1), "RedSync sends
 0.1%", the MB-sent axes) is the Communicator's accounting. ``commlab bench wire`` sets it beside
-what the emulated links carried in the same steps (``reports/bench/wire.json``; docs/network.md,
+what the emulated links carried in the same steps (``<out_dir>/bench/wire.json``; docs/network.md,
 "Bytes on the wire"); a volume claim quotes that ratio for the methods it compares, as the
 speed claims quote the throughput benchmark.
 

@@ -1,0 +1,144 @@
+"""SSD-SGD's and OD-SGD's measurements (commlab.report.claims_ssdsgd) on hand-made runs, histories
+and benchmark files: speed on loopback and on emulated links, accuracy beside SSGD (paired, at
+convergence), GLU's gain, the blocked time and the warm-up, each with a case for every verdict it
+can reach. (Against ASGD: tests/test_report_asgd.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from commlab.report import claims_ssdsgd as ssd
+from evidence import claims, evidence, per_seed, runs, settled, throughput, write_bench
+
+SPEED = "SSD-SGD trains faster than SSGD (up to 110%, i.e. 2.1x)"
+ACCURACY = "SSD-SGD's test accuracy is within about a point of SSGD's"
+SIMILAR = "OD-SGD reaches accuracy similar to or slightly better than SSGD"
+GLU = "GLU is needed: plain local updates lose accuracy"
+BLOCKED = ("The gain is overlap, not volume: the same gradients are sent every step, but steps block less on "
+           "communication than SSGD's")
+WARMUP = "The synchronous warm-up stage is needed"
+DENSE = [84.0, 84.3, 83.9]
+
+
+def frame_of(named: dict[str, tuple[list[float], list[float]]], **extra) -> tuple:
+    """name -> (test accuracies, wall seconds) per seed, with settled evaluations."""
+    rows = [row for name, (acc, wall) in named.items()
+            for row in per_seed(name, acc, method=name.split("_")[0].replace("ssd", "ssdsgd"), **extra)]
+    for row in rows:
+        row["wall_seconds"] = named[row["name"]][1][row["seed"]]
+    frame = runs(rows)
+    return frame, settled(frame)
+
+
+@pytest.mark.parametrize(("walls", "verdict"), [
+    ([70.0, 71.0, 69.0], "reproduced"),
+    ([97.0, 97.5, 96.5], "partly reproduced"),  # faster beyond the noise, by less than 5%
+    ([110.0, 111.0, 109.0], "contradicted"),
+    ([80.0, 120.0, 95.0], "inconclusive"),
+])
+def test_speed_on_loopback_is_judged_paired(walls, verdict):
+    frame, points = frame_of({"ssgd": (DENSE, [100.0] * 3), ssd.SSD: (DENSE, walls)})
+    found = ssd.loopback_speed("ssdsgd")(evidence(frame, points))
+    assert list(found["speed_gains"]) == pytest.approx([100.0 / w - 1 for w in walls])
+    row = claims(ssd, frame, points)[SPEED]
+    assert row.verdict == verdict and row.note.startswith("gain ")
+    # the setting comes from the runs: no fixed count of processes or cores
+    assert ". 4 processes per run. Measured on loopback" in row.note
+
+
+def test_the_benchmark_decides_speed_where_it_ran_and_quotes_the_communication_share(tmp_path):
+    write_bench(tmp_path, "throughput", throughput([(n, "ssgd", 1.0) for n in ("loopback", "100Mbit")]
+                                                   + [("loopback", "ssdsgd", 1.0), ("100Mbit", "ssdsgd", 1.6)]))
+    frame, points = frame_of({"ssgd": (DENSE, [100.0] * 3), ssd.SSD: (DENSE, [110.0] * 3)})
+    row = claims(ssd, frame, points, out_dir=tmp_path)[SPEED]
+    assert row.verdict == "reproduced" and row.ours.startswith("throughput ssdsgd / ssgd by link: loopback: 1.00x, "
+                                                               "100Mbit: 1.60x; loopback runs ssd_k5_glu vs ssgd")
+    assert f"On emulated links: {tmp_path / 'bench/throughput.json'} (" in row.note
+    assert "2 CPUs, load average 8.5" in row.note
+    assert "dense SGD's communication share of a step: loopback 80%, 100Mbit 80% (ssgd's collectives'" in row.note
+    assert claims(ssd, frame, points, out_dir=tmp_path)["OD-SGD trains faster than SSGD"].verdict == "not measured"
+
+
+@pytest.mark.parametrize(("ours", "dense", "verdict"), [
+    ([84.1, 83.2, 85.0], [84.0, 83.5, 84.4], "reproduced"),
+    ([80.5, 81.0, 80.2], DENSE, "contradicted"),
+    ([80.0, 86.0, 83.0], [82.0, 84.0, 83.3], "inconclusive"),
+])
+def test_accuracy_beside_ssgd(ours, dense, verdict):
+    frame, points = frame_of({"ssgd": (dense, [100.0] * 3), ssd.SSD: (ours, [90.0] * 3)})
+    row = claims(ssd, frame, points)[ACCURACY]
+    assert row.verdict == verdict and "(paired over seeds 0, 1, 2; s.e." in row.note
+    assert ". Within a point: the gap paired over seeds and judged at convergence" in row.note
+
+
+def test_accuracy_still_improving_is_not_testable_at_this_budget():
+    frame, points = frame_of({"ssgd": (DENSE, [100.0] * 3), "odsgd_glu": ([80.5, 81.0, 80.2], [90.0] * 3)})
+    early = [(n, s, m, 50, v - 3.0) for n, s, m, step, v in points if step == 100]
+    row = claims(ssd, frame, early + [p for p in points if p[3] == 200])[SIMILAR]
+    assert row.verdict == "not testable at this budget"
+    assert "to test it: runs until ssgd and the gap settle" in row.note
+    settled_row = claims(ssd, frame, points)[SIMILAR]
+    assert settled_row.verdict == "contradicted" and "at most 1 below" in settled_row.note
+
+
+@pytest.mark.parametrize(("glu", "verdict", "words"), [
+    ([85.0, 85.4, 84.6], "reproduced", "above 0 beyond the noise, at least 0.5 on average"),
+    ([80.3, 80.35, 80.4], "partly reproduced", "above 0 beyond the noise, but less than 0.5 on average"),
+    ([74.62, 74.5, 74.36], "contradicted", "below 0.5 beyond the noise"),  # a loss of 5.4 points: never "within"
+    ([81.0, 79.8, 80.8], "inconclusive", "within the noise; about 6 seeds would decide it at this spread"),
+])
+def test_glu_gain_is_paired(glu, verdict, words):
+    plain = [80.0, 80.0, 80.0]
+    frame, points = frame_of({ssd.SSD: (glu, [90.0] * 3), "ssd_k5_sgd": (plain, [90.0] * 3)})
+    found = ssd.glu_gain(evidence(frame, points))
+    assert list(found["gain"]) == pytest.approx([g - 80.0 for g in glu])
+    row = claims(ssd, frame, points)[GLU]
+    assert row.verdict == verdict and row.note.startswith("GLU - plain: gain ") and f"{words}. " in row.note
+    assert "seed spread" not in row.ours + row.note
+
+
+def blocked(shares: dict[str, list[float]], bytes_sent: dict[str, float] | None = None) -> tuple:
+    """name -> per-seed share of a 100 s run blocked on communication (2 s of it in collectives)."""
+    rows = []
+    for name, values in shares.items():
+        for seed, share in enumerate(values):
+            rows.append({"name": name, "seed": seed, "wall_seconds": 100.0, "comm_seconds": 2.0,
+                         "blocked_seconds": 100.0 * share - 2.0, "test_accuracy": 84.0,
+                         "bytes_sent": (bytes_sent or {}).get(name, 1e9)})
+    frame = runs(rows)
+    return frame, settled(frame)
+
+
+@pytest.mark.parametrize(("shares", "bytes_sent", "verdict", "why"), [
+    ({"ssgd": [0.30, 0.31, 0.29], "odsgd_glu": [0.10, 0.12, 0.09], ssd.SSD: [0.05, 0.06, 0.05]}, None, "reproduced",
+     "2/2 hold beyond the noise, 0 fail, 0 within the noise"),
+    ({"ssgd": [0.30, 0.31, 0.29], "odsgd_glu": [0.10, 0.12, 0.09], ssd.SSD: [0.05, 0.06, 0.05]},
+     {ssd.SSD: 5e8}, "partly reproduced", "1/2 hold beyond the noise, 1 fail, 0 within the noise"),
+    ({"ssgd": [0.30, 0.31, 0.29], "odsgd_glu": [0.40, 0.41, 0.42]}, None, "contradicted",
+     "0/1 hold beyond the noise, 1 fail, 0 within the noise"),
+    ({"ssgd": [0.30, 0.31, 0.29], "odsgd_glu": [0.10, 0.35, 0.15]}, None, "inconclusive",  # 20, -4, 14 points
+     "0/1 hold beyond the noise, 0 fail, 1 within the noise; odsgd_glu: about 7 seeds would decide it"),
+])
+def test_blocked_time_per_method_paired(shares, bytes_sent, verdict, why):
+    frame, points = blocked(shares, bytes_sent)
+    runs_with_share = ssd.describe(evidence(frame, points))
+    assert list(runs_with_share.blocked_share) == pytest.approx([s for v in shares.values() for s in v])
+    row = claims(ssd, frame, points)[BLOCKED]
+    assert row.verdict == verdict and row.note.startswith(why), row.note
+    assert row.ours.startswith("blocked share of wall-clock: ssgd 30.0%, odsgd_glu ")
+
+
+def test_blocked_time_never_counts_a_missing_figure_as_zero():
+    frame, points = blocked({"ssgd": [0.30, 0.31], "odsgd_glu": [0.10, 0.12]})
+    without = frame.drop(columns="blocked_seconds")
+    assert ssd.describe(evidence(without)).blocked_share.isna().all()
+    row = claims(ssd, without, points)[BLOCKED]
+    assert (row.verdict, row.ours) == ("not measured", "not measured: a run logged no blocked_seconds")
+
+
+@pytest.mark.parametrize(("with_warmup", "verdict"), [([82.0, 82.4, 81.8], "reproduced"),
+                                                      ([80.1, 79.9, 80.0], "contradicted")])
+def test_warmup_gain(with_warmup, verdict):
+    frame, points = frame_of({ssd.SSD: (with_warmup, [90.0] * 3),
+                              "ssd_k5_glu_nowarmup": ([80.0, 80.0, 80.0], [90.0] * 3)})
+    assert claims(ssd, frame, points)[WARMUP].verdict == verdict
