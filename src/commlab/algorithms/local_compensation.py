@@ -24,8 +24,8 @@ main-520/SSD-SGD (SSD) and CynthiaProtector/OD-SGD (OD), modified MXNet. Paths a
     = 1/(batch x N)``, SSD ``python/mxnet/module/module.py:511-530``): the mean gradient / N. The
     method's ``local_rescale: release`` reproduces that division (see commlab.algorithms.ssdsgd).
 
-``dcasgd``: DC-ASGD's delay compensation (Zheng et al., arXiv 1609.08326, eq. 10 and
-DC-ASGD-a)::
+``dcasgd``: DC-ASGD's delay compensation (Zheng et al., arXiv 1609.08326: DC-ASGD and its
+adaptive variant DC-ASGD-a)::
 
     d = g + lam * g * g * (w_now - w_grad)
     lam = lambda_0 / sqrt(MS + 1e-7),   MS <- m * MS + (1 - m) * g * g   (adaptive; else lam = lambda_0)
@@ -34,11 +34,11 @@ DC-ASGD-a)::
     them this one: OD ``DCASGD`` (``python/mxnet/optimizer.py:609-632``, kernel
     ``src/operator/optimizer_op-inl.h:67-96`` launched with lambda and wd swapped) computes
     ``w <- w - eta_l (0.04 w + g + 1e-4 g*g*(w - prev))``; OD ``CADCASGD`` (``optimizer.py:743-773``)
-    and SSD ``CPPADCASGD`` (SSD ``optimizer.py:1124-1157``, ``optimizer_op-inl.h:216-252``), their
-    scalars also launched out of order, compute ``w <- w - eta_l (r w + g + (wd / sqrt(MS)) g*g*(w - prev))``
-    with ``MS = g*g + 1e-7`` (``m = 0``) and ``r`` the gradient's rescale factor; SSD ``COSDCASGD``
-    (``optimizer.py:1176-1209``)
-    computes ``w <- w - eta_l (2 g + wd w + ((1 - eta_l wd) prev - w) / 16)``. Their ``prev`` is the
+    and SSD ``CPPADCASGD`` (SSD ``python/mxnet/optimizer/optimizer.py:1124-1157``,
+    ``optimizer_op-inl.h:216-252``), their scalars also launched out of order, compute
+    ``w <- w - eta_l (r w + g + (wd / sqrt(MS)) g*g*(w - prev))`` with ``MS = g*g + 1e-7``
+    (``m = 0``) and ``r`` the gradient's rescale factor; SSD ``COSDCASGD`` (same file, lines
+    1176-1209) computes ``w <- w - eta_l (2 g + wd w + ((1 - eta_l wd) prev - w) / 16)``. Their ``prev`` is the
     local copy before the previous call, so ``w - prev`` is the last local step plus, right after a
     pull, the jump to the global weights. They are not built here.
 
@@ -46,8 +46,9 @@ DC-ASGD-a)::
 
     * ``released``: what SSD's ``--optimizer-local GLU`` computes. ``GLU.update``
       (``python/mxnet/optimizer/optimizer.py:1212-1249``) only snapshots the weight every fifth
-      call, its update lines are commented out, and ``src/operator/optimizer_op-inl.h:60-62`` holds
-      an empty "glu-update" section: no local update at all. The local replica stays at the last
+      call (its one computation, COSDCASGD's correction term over 32, is commented out), and
+      ``src/operator/optimizer_op-inl.h:60-62`` holds an empty "glu-update" section: no local
+      update at all. The local replica stays at the last
       refreshed global weights, so the workers compute on weights 1 to k global updates old,
       uncompensated: SSGD with delayed gradients. Here: no direction.
     * ``described``: our reading of the paper's words, a local step that uses the latest global
@@ -60,7 +61,9 @@ DC-ASGD-a)::
       ``glu_source: update``: the global replica's latest step divided by its learning rate
       (momentum included; what a parameter-server worker sees from two successive pulls, the
       quantity of the weight-difference terms in the release's local optimizers). ``beta = 0`` is
-      plain local SGD. ``g_global`` is the same for the k local steps of a period.
+      plain local SGD; the defaults are ``beta = 0.5`` and the averaged gradient. ``g_global`` is
+      the same for the k local steps of a period: one step old at a refresh, k steps old at the
+      period's last step.
 """
 
 from __future__ import annotations
