@@ -91,11 +91,15 @@ else:
 # GLU as run here (`glu_reading: described`) makes half of every local step the averaged gradient
 # the worker received at its last refresh, and keeps that vector for the k steps of the period.
 # At k = 1 it is one step old and used once: a lower-variance direction than the worker's own
-# gradient, and the replica tracks the global one more closely. At k = 5 the same vector, taken on
-# the previous period's replicas, is applied five times while the worker's fresh gradient gets only
-# half the step: the replica ends further from the global one than with plain local SGD, and the
-# gradients it sends are staler. So the sign of GLU - plain depends on k: the table pairs the two
-# by seed at each k the runs have (`--scale laptop_glu` runs k = 1, 2 and 5 with the same warm-up).
+# gradient, and the replica tracks the global one more closely (a smaller refresh distance). At
+# k = 5 the same vector, taken on the previous period's replicas, is applied five times while the
+# worker's fresh gradient gets only half the step: the replica ends no closer to the global one
+# than with plain local SGD. Our reading of the lost accuracy: what is wrong in that displacement
+# is the same on every worker (they all hold the same global gradient), so it does not average out
+# in the allreduce as the independent errors of plain local steps do, and the mean gradient the
+# global replica applies is taken at weights shifted the same stale way. So the sign of GLU - plain
+# depends on k: the table pairs the two by seed at each k the runs have (`--scale laptop_glu` runs
+# k = 1, 2 and 5 with the same warm-up).
 #
 # The released code's GLU takes no local step at all (`glu_reading: released`: the workers compute
 # on the last refreshed global weights, SSGD with gradients 1 to k updates old). On this grid
