@@ -54,10 +54,11 @@ def flat(tensors) -> torch.Tensor:
     return torch.cat([t.detach().reshape(-1) for t in tensors]).clone()
 
 
-# ---- the method on 4 ranks ------------------------------------------------------------------------
-def _scenarios(rank, world):
+# ---- the method on 4 ranks (and 2, where the world size enters a formula) -------------------------
+def _scenarios(rank, world, names=tuple(CASES)):
     out = {}
-    for name, (method, params) in CASES.items():
+    for name in names:
+        method, params = CASES[name]
         driven = drive(method, {"warmup_steps": WARMUP, "local_lr_scale": SCALE, **params}, model=new_model(),
                        train=TRAIN, total_steps=STEPS, lr=lr_of, batches=lambda t: batch(rank, t))
         trace = []
@@ -74,20 +75,23 @@ def runs():
     return run_distributed(_scenarios, WORLD, timeout_s=180)
 
 
+RESCALED = "ssd_sgd_release_rescale"  # the local direction divided by the world size
+
+
 # ---- the reference, in one process ----------------------------------------------------------------
 class Reference:
     """All workers and the global replica of one case."""
 
-    def __init__(self, method: str, params: dict):
+    def __init__(self, method: str, params: dict, world: int = WORLD):
         self.k = params.get("k", 1) if method == "ssdsgd" else 1
-        self.params = params
+        self.params, self.world = params, world
         self.scratch = new_model()
         start = flat(new_model().parameters())
         self.global_w = torch.nn.Parameter(start.clone())
         self.global_opt = torch.optim.SGD([self.global_w], lr=TRAIN["lr"], momentum=TRAIN["momentum"],
                                           weight_decay=TRAIN["weight_decay"])
-        self.local = [start.clone() for _ in range(WORLD)]
-        self.mean_square = [torch.zeros_like(start) for _ in range(WORLD)]
+        self.local = [start.clone() for _ in range(world)]
+        self.mean_square = [torch.zeros_like(start) for _ in range(world)]
         self.pending: list[tuple[torch.Tensor, float]] = []  # mean gradients launched, not yet applied
         self.held = None  # the global gradient the workers hold
         self.last_mean, self.last_step = None, None
@@ -124,28 +128,29 @@ class Reference:
             beta = self.params["glu_weight"]
             d = (1 - beta) * g + beta * self.held
         if self.params.get("local_rescale") == "release":
-            d = d / WORLD
+            d = d / self.world
         return w - SCALE * lr_of(t) * (d + TRAIN["weight_decay"] * w)
 
     def run(self) -> tuple[list, torch.Tensor]:
         trace = []
         for t in range(STEPS):
-            grads = [self.gradient(self.local[r], r, t) for r in range(WORLD)]
-            mean = sum(grads) / WORLD
+            world = range(self.world)
+            grads = [self.gradient(self.local[r], r, t) for r in world]
+            mean = sum(grads) / self.world
             if t < WARMUP:  # synchronous SGD; every local replica takes the global one
                 self.apply(mean, lr_of(t))
                 self.hold()
-                self.local = [self.global_w.detach().clone() for _ in range(WORLD)]
+                self.local = [self.global_w.detach().clone() for _ in world]
             else:
                 self.pending.append((mean, lr_of(t)))
-                shifts = [None] * WORLD
+                shifts = [None] * self.world
                 if (t - WARMUP + 1) % self.k == 0:  # refresh: every update but this step's
                     while len(self.pending) > 1:
                         self.apply(*self.pending.pop(0))
                     self.hold()
                     shifts = [self.global_w.detach() - w for w in self.local]
-                    self.local = [self.global_w.detach().clone() for _ in range(WORLD)]
-                self.local = [self.local_step(self.local[r], grads[r], shifts[r], r, t) for r in range(WORLD)]
+                    self.local = [self.global_w.detach().clone() for _ in world]
+                self.local = [self.local_step(self.local[r], grads[r], shifts[r], r, t) for r in world]
             trace.append(([w.clone() for w in self.local], self.global_w.detach().clone()))
         while self.pending:
             self.apply(*self.pending.pop(0))
@@ -162,15 +167,24 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 # ---- the tests ------------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", list(CASES))
-def test_every_rank_follows_the_reference_at_every_step(runs, references, name):
-    ref_trace, ref_final = references[name]
+def _follows(runs: list, name: str, reference: tuple) -> None:
+    ref_trace, ref_final = reference
     for rank, r in enumerate(runs):
         trace, final = r[name]
         for t, ((local, global_), (ref_locals, ref_global)) in enumerate(zip(trace, ref_trace, strict=True)):
             assert close(local, ref_locals[rank]), (name, rank, t, (local - ref_locals[rank]).abs().max())
             assert close(global_, ref_global), (name, rank, t, (global_ - ref_global).abs().max())
         assert close(final, ref_final), (name, rank)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_every_rank_follows_the_reference_at_every_step(runs, references, name):
+    _follows(runs, name, references[name])
+
+
+def test_the_release_rescale_divides_by_the_world_size_on_2_ranks():
+    runs_2 = run_distributed(_scenarios, 2, args=((RESCALED,),), timeout_s=120)
+    _follows(runs_2, RESCALED, Reference(*CASES[RESCALED], world=2).run())
 
 
 def test_the_global_replica_is_the_same_on_every_rank(runs):
