@@ -149,8 +149,8 @@ def _scenarios(rank, world):
             out[f"log_{name}_{delay}"] = log
 
     # 5. Checkpoint and resume (with collectives in flight) equals the uninterrupted run.
-    for rule in ("glu", "dcasgd"):
-        params = {"warmup_steps": 2, "k": 3, "local_optimizer": rule}
+    for rule, extra in RESUMED.items():
+        params = {"warmup_steps": 2, "k": 3, **extra}
         algo = make("ssdsgd", params, steps=STEPS).finish().algo
         straight = (flat(algo.global_model.parameters()), flat(algo.model.parameters()))
         driven = make("ssdsgd", params, steps=4)
@@ -176,6 +176,8 @@ def _scenarios(rank, world):
 
 
 LOCAL_SCHEDULE = {"local_lr": 0.3, "local_milestones": [0.5, 0.75], "local_gamma": 0.2}  # epochs of STEPS steps
+RESUMED = {"glu": {"local_optimizer": "glu"}, "dcasgd": {"local_optimizer": "dcasgd"},
+           "glu_released": {"local_optimizer": "glu", "glu_reading": "released", "local_rescale": "release"}}
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +309,7 @@ def test_overlap_slowed_collective_does_not_block_the_step(runs):
         assert sum(w[3] for w in _waits(r["log_ssd_2"]) if w[2] < end) == 2
 
 
-@pytest.mark.parametrize("rule", ["glu", "dcasgd"])
+@pytest.mark.parametrize("rule", list(RESUMED))
 def test_checkpoint_with_collectives_in_flight_resumes_exactly(runs, rule):
     for r in runs:
         straight, resumed, in_flight = r[f"resume_{rule}"]
@@ -386,7 +388,8 @@ def test_the_declared_local_optimizer_is_scaled_sgd_with_the_local_momentum():
                                  {"local_lr_scale": -1.0}, {"glu_weight": 1.5}, {"local_momentum": 1.0},
                                  {"dc_ms_decay": 1.0}, {"bucket_mb": 0}, {"glu_source": "weights"},
                                  {"local_lr": -1.0}, {"local_milestones": [10]}, {"local_gamma": 0.0},
-                                 {"local_lr": 0.1, "local_momentum": 0.5}])
+                                 {"local_lr": 0.1, "local_momentum": 0.5}, {"glu_reading": "paper"},
+                                 {"local_rescale": "sum"}])
 def test_options_reject_bad_values(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         parse_options(ALGORITHMS.get("ssdsgd").Options, bad)

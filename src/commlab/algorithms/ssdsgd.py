@@ -11,11 +11,18 @@ rank keeps two replicas:
   same order, so the global replicas are identical on every rank.
 * the **local replica** (the model the loop trains): forward/backward run on it, and the loop's
   optimizer moves it with the worker's *own* gradient through a local rule
-  (:mod:`commlab.algorithms.local_compensation`: plain, DC-ASGD or GLU, our reconstruction) at
-  ``local_lr_scale`` times the run's learning rate (4-5x in the papers' launch scripts): the
-  method declares that optimizer (SGD with ``local_momentum``, the run's weight decay and
-  ``lr_scale = local_lr_scale``) and the loop builds and steps it. The global replica's
-  optimizer is the run's, built with the context's builder (``ctx.build_optimizer``).
+  (:mod:`commlab.algorithms.local_compensation`: plain, DC-ASGD or GLU, with their formulas and
+  sources) at ``local_lr_scale`` times the run's learning rate: the method declares that
+  optimizer (SGD with ``local_momentum``, the run's weight decay and ``lr_scale =
+  local_lr_scale``) and the loop builds and steps it. The global replica's optimizer is the
+  run's, built with the context's builder (``ctx.build_optimizer``).
+
+The local step size. The released scripts pass ``--lr-local`` = 4 x ``--lr``, but the release's
+local optimizer is given the gradient divided by batch x workers (``rescale_grad``, SSD-SGD
+``python/mxnet/module/module.py:511-530``): its step on the worker's mean gradient is
+``lr_local / N``, 1x the global rate at N = 4. ``local_rescale: release`` divides the local
+direction by the number of workers (not the weight decay), so the scripts' values give the
+release's step; ``local_rescale: mean`` (default) applies ``local_lr_scale`` to the mean gradient.
 
 Every ``k`` steps (``odsgd``: k = 1, ``ssdsgd``: k = 5 by default) the local replica is overwritten
 by the latest global replica *before* the local step, so at a refresh step ``t``::
@@ -43,7 +50,12 @@ replica is evaluated with this rank's buffers (rank 0's in the loop's evaluation
 
 Deviation from the released code, by design: the refreshed global replica is the newest one that
 does not need the collective launched in the same step (the server pull of the released code may
-return an older version); which version is used is deterministic, so runs are reproducible.
+return an older version); which version is used is deterministic, so runs are reproducible. The
+release's refresh pull (``src/kvstore/kvstore_dist.h:300-330``, at iterations ``t % 5 == 4``)
+hands the devices the local copy before it is overwritten, and its local step
+(``kvstore_dist.h:423-433``) runs before the push, so the global weights reach the devices one
+iteration later, moved by one local step with a gradient taken on the old copy: the order here,
+one iteration later.
 
 Per-step metrics (``algo_``): ``warmup``, ``staleness`` (global updates the gradient's base
 weights lack), ``staleness_mean``, ``refreshes``, ``refresh_distance`` (L2 distance between the
@@ -63,7 +75,7 @@ from dataclasses import dataclass, field
 import torch
 
 from commlab.algorithms.base import Algorithm, OptimizerSettings, StepInfo
-from commlab.algorithms.local_compensation import LOCAL_RULES
+from commlab.algorithms.local_compensation import GLU_READINGS, LOCAL_RULES, build_rule
 from commlab.algorithms.tensors import flatten, grad_buckets, restore_into, unflatten_into
 from commlab.core.clock import Span
 from commlab.core.communicator import Pending
@@ -73,6 +85,9 @@ from commlab.registry import ALGORITHMS
 # its learning rate (momentum included; what a parameter-server worker sees from two successive
 # pulls, as the released code's weight-difference term), or the latest averaged gradient.
 GLU_SOURCES = ("update", "gradient")
+# What the local rule is given: the worker's mean gradient, or that over the number of workers (the
+# release's local optimizer rescales the gradient by 1 / (batch x workers)).
+LOCAL_RESCALES = ("mean", "release")
 
 
 @dataclass
@@ -88,6 +103,8 @@ class DelayedOptions:
     dc_ms_decay: float = 0.95  # dcasgd: decay of that mean square
     glu_weight: float = 0.5  # glu: weight of the latest global gradient in the local direction
     glu_source: str = "gradient"  # glu: gradient (latest average) | update (latest global step / its lr)
+    glu_reading: str = "described"  # glu: described (a local step with the global gradient) | released (no local step)
+    local_rescale: str = "mean"  # mean | release: the local direction divided by the workers, as the release's
     bucket_mb: float = 25.0  # allreduce bucket size in MB (as ssgd, so warm-up equals ssgd)
     # A local learning rate on a step schedule of its own (the released scripts' --lr-local and
     # --lr-step-epochs-local) instead of local_lr_scale x the run's scheduled one; needs local_momentum 0.
@@ -113,6 +130,10 @@ class DelayedOptions:
             raise ValueError(f"glu_weight must be in [0, 1], got {self.glu_weight}")
         if self.glu_source not in GLU_SOURCES:
             raise ValueError(f"glu_source must be one of {GLU_SOURCES}, got {self.glu_source!r}")
+        if self.glu_reading not in GLU_READINGS:
+            raise ValueError(f"glu_reading must be one of {GLU_READINGS}, got {self.glu_reading!r}")
+        if self.local_rescale not in LOCAL_RESCALES:
+            raise ValueError(f"local_rescale must be one of {LOCAL_RESCALES}, got {self.local_rescale!r}")
         if self.bucket_mb <= 0:
             raise ValueError(f"bucket_mb must be positive, got {self.bucket_mb}")
         if self.local_lr is not None:
@@ -174,7 +195,7 @@ class DelayedGlobalSGD(Algorithm):
         position = {id(p): i for i, p in enumerate(self.params)}
         self.buckets = [[position[id(p)] for p in bucket]
                         for bucket in grad_buckets(self.params, int(self.options.bucket_mb * 2**20))]
-        self.rule = LOCAL_RULES[self.options.local_optimizer](self.options)
+        self.rule = build_rule(self.options)
         self.in_flight: list[_InFlight] = []
         self.version = 0  # global updates applied to the global replica
         self.base_version = 0  # version of the global replica the local replica last copied
@@ -207,13 +228,7 @@ class DelayedGlobalSGD(Algorithm):
             shift = None
             if (t - self.options.warmup_steps + 1) % self.period == 0:
                 shift = self._refresh(t)
-            direction = self.rule.direction(own, shift, self.global_grad)
-            if self.options.local_lr is not None:
-                direction = self._on_local_schedule(direction, info)
-            for p in self.params:
-                if p.grad is None:  # a parameter unused in this forward still gets its direction
-                    p.grad = torch.zeros_like(p)
-            unflatten_into(direction, [p.grad for p in self.params])
+            self._set_local_direction(self.rule.direction(own, shift, self.global_grad), info)
         self.counters["steps"] += 1
         self.counters["staleness_sum"] += staleness
         self.last["staleness"] = float(staleness)
@@ -235,6 +250,24 @@ class DelayedGlobalSGD(Algorithm):
             "in_flight": float(len(self.in_flight)),
             "global_version": float(self.version),
         }
+
+    def _set_local_direction(self, direction: torch.Tensor | None, info: StepInfo) -> None:
+        """Hand the local rule's direction to the loop's optimizer through the gradients. None (GLU
+        as released): gradients set to None, which torch optimizers skip, weight decay included."""
+        if direction is None:
+            for p in self.params:
+                p.grad = None
+            return
+        if self.options.local_rescale == "release":
+            # The release's local optimizer sees the gradient summed over the batch and divided by
+            # batch x workers (module.py:511-530): the mean gradient / workers. Weight decay is not divided.
+            direction = direction / self.comm.size
+        if self.options.local_lr is not None:
+            direction = self._on_local_schedule(direction, info)
+        for p in self.params:
+            if p.grad is None:  # a parameter unused in this forward still gets its direction
+                p.grad = torch.zeros_like(p)
+        unflatten_into(direction, [p.grad for p in self.params])
 
     def _on_local_schedule(self, direction: torch.Tensor, info: StepInfo) -> torch.Tensor:
         """The direction the loop's SGD (at the run's rate ``info.lr``, no weight decay) turns into
