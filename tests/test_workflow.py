@@ -192,7 +192,7 @@ def test_index_links_reports_and_gathers_claims(tmp_path):
     write_claims("alpha", "Alpha <paper>", [Claim("a beats b", "Fig. 1", "1.0 ± 0", "reproduced"),
                                             Claim("c", "Tab. 2", "no runs", "not measured")], tmp_path)
     (tmp_path / "alpha" / "report.html").write_text("<html></html>")
-    write_claims("beta", "Beta", [Claim("x < y", "Fig. 3", "2", "not reproduced", note="smaller model")], tmp_path)
+    write_claims("beta", "Beta", [Claim("x < y", "Fig. 3", "2", "contradicted", note="smaller model")], tmp_path)
     page = build_index(tmp_path).read_text()
     assert page.count('href="alpha/report.html"') == 3  # papers table + two claims rows
     assert "beta/report.html" not in page  # no report to link, its claims are still gathered

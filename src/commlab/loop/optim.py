@@ -49,8 +49,8 @@ class ScaledSGD(torch.optim.SGD):
     """torch SGD whose step size is the loop's learning rate times ``lr_scale``.
 
     The loop sets ``param_group["lr"]`` to the run's (scheduled) learning rate every step; this
-    optimizer steps with a fixed multiple of it (SSD-SGD's local replica: 4-5x in the papers'
-    launch scripts), so the multiple lives in the param group and the schedule applies to both.
+    optimizer steps with a fixed multiple of it (SSD-SGD's local replica: ``local_lr_scale``), so
+    the multiple lives in the param group and the schedule applies to both.
 
     Args:
         params: the parameters to optimise.

@@ -82,13 +82,10 @@ class Report(Evidence):
 
 
 def grid_title(paper: str) -> str:
-    """The paper's title from its grid file, or the paper's name away from the project root."""
+    """The paper's title from its grid file, or the paper's name where there is no grid file."""
     from commlab.grid import grid_title as title_of
 
-    try:
-        return title_of(paper)
-    except Exception:  # noqa: BLE001 - the report still builds outside the project root
-        return paper
+    return title_of(paper) or paper
 
 
 def open_report(paper: str, out_dir: str | Path, tracking_uri: str | None = None,
