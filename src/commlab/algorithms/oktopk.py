@@ -318,6 +318,9 @@ class OkTopk(SparseAlgorithm):
         k_min = k_max if due else min(k - k // 16, k_max)
         if spread.nonzero <= k_max:  # every non-zero entry fits: threshold 0, every count in the table
             return 0.0, [row[1] for row in table], allowance
+        if k_max == 0:  # the budget is spent: keep nothing this step (above every value, no collective)
+            self.note("threshold_cuts", 1)
+            return from_bits(spread.hi + 1, r_val.dtype), [0] * p, allowance
         start = None
         if window is not None:
             ranks = [window.at_edges(row[TABLE_FIELDS:]) for row in table]
@@ -351,11 +354,15 @@ class OkTopk(SparseAlgorithm):
         return 0 if p == 1 else -(-4 * total * (p - 1) // p) + 2 * p
 
     def _cap(self, allowance: float) -> int:
-        """Largest total K of kept entries whose allgather fits ``allowance`` (:meth:`_allgather_bound`)."""
+        """Largest total K of kept entries whose allgather fits ``allowance`` (:meth:`_allgather_bound`;
+        0 when none does)."""
         p = self.comm.size
         if p == 1:
             return self.n
-        return max(0, int((allowance - 2 * p) * p // (4 * (p - 1))))
+        cap = max(0, int((allowance - 2 * p) * p // (4 * (p - 1))))
+        while cap and self._allgather_bound(cap) > allowance:  # the bound's ceiling
+            cap -= 1
+        return cap
 
     def _thresholded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep this region's reduced entries above the reused global threshold; allgather them."""
