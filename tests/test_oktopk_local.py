@@ -5,7 +5,8 @@ The rule: the selection is the exact top-k of |x| at every step. The threshold k
 is the aim-th largest |x| (aim = ceil((1 + upper)/2 * k)), set when due, when fewer than k entries
 pass it (a recompute from below) and when more than upper * k pass (a recompute from above,
 among those passing: the aim-th largest of a top set that holds at least aim entries is the
-tensor's); otherwise it is kept as it is.
+tensor's); otherwise it is kept as it is. On a GPU (marked ``gpu``, skipped without CUDA) it
+selects what it selects on the CPU.
 """
 
 from __future__ import annotations
@@ -71,3 +72,22 @@ def test_exact_k_takes_every_non_zero_entry_when_fewer_than_k_are_non_zero():
 def test_exact_k_replaces_the_cap_and_the_guard(options):
     with pytest.raises(ValueError, match="exact_k replaces the cap and the guard"):
         ThresholdOptions(**options).validate()   # the guard is on by default
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() == 0, reason="needs a CUDA device")
+def test_exact_k_selects_on_cuda_what_it_selects_on_the_cpu():
+    """Step by step on a drifting float32 stream: the same entries, thresholds and counters (the
+    selection kernels' pass, the trims, the recomputes from below and above)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(300_000, generator=g) * torch.exp(torch.randn(300_000, generator=g))
+    o = ThresholdOptions(recompute_every=5, guard_loops=0, exact_k=True)
+    on_cpu, on_gpu, k = ThresholdEstimator(o), ThresholdEstimator(o), 3_000
+    for step in range(12):
+        idx, vals = on_cpu.select_pairs(x, k, step)
+        got_idx, got_vals = on_gpu.select_pairs(x.cuda(), k, step)
+        assert torch.equal(got_idx.cpu(), idx) and torch.equal(got_vals.cpu(), vals), step
+        assert on_gpu.value == on_cpu.value, step
+        x = 0.9 * x + 1.15 ** step * torch.randn(x.shape, generator=g)
+    assert (on_gpu.exact_computations, on_gpu.recomputes) == (on_cpu.exact_computations, on_cpu.recomputes)
+    assert on_cpu.recomputes >= 2
