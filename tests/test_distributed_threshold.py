@@ -1,7 +1,8 @@
 """Ok-Topk's count-bounded global threshold (compress/bounded.py) on 1, 3 and 4 gloo ranks
 against brute force: the band when it is reachable, the cap when ties make it unreachable, the
-same threshold on every rank, at most 4 histogram rounds for float32 with 256 bins, and no more
-elements sent than :func:`probe_cost_bound` says."""
+same threshold on every rank, at most 4 histogram rounds for float32 with 256 bins, no more
+elements sent than :func:`probe_cost_bound` says, and a search with an element budget that stops
+within it, under the cap."""
 
 from __future__ import annotations
 
@@ -11,13 +12,16 @@ import torch
 from commlab.compress.bounded import (
     Spread,
     Window,
+    bins_within,
     distributed_threshold,
     local_spread,
     max_rounds,
     probe_cost_bound,
+    round_cost,
     search_rounds,
+    threshold_search,
 )
-from commlab.compress.floatbits import from_bits
+from commlab.compress.floatbits import from_bits, to_bits
 from commlab.core import Communicator
 from commlab.testing import run_distributed
 
@@ -131,3 +135,58 @@ def test_a_window_histogram_counts_every_edge_and_starts_a_search_where_the_coun
         lo, hi, above = window.start(at, k_max, spread)
         assert lo <= hi and above == int((a >= from_bits(hi + 1, values.dtype)).sum()) <= k_max
         assert int((a >= from_bits(lo, values.dtype)).sum()) > k_max       # the count crosses k_max inside
+
+
+def budget_body(rank: int, world: int) -> dict:
+    """Exact top-1000 of float64 values: without a budget, with one paying two rounds, with one
+    paying as many rounds as the unbudgeted search took, with a limit of two rounds, and with a
+    budget paying less than a round (each budget also pays the spread's allgather, 3 elements to
+    each other rank)."""
+    comm, values = Communicator(), heavy(40_000, 2, torch.float64)
+    mine, spread, per_round = values[rank::world], 3 * (world - 1), round_cost(8, world)
+    out = {"free": threshold_search(comm, mine, 1000, bins=8)}
+    for name, rounds in (("short", 2), ("enough", out["free"].rounds)):
+        s0, budget = comm.stats.counters["elements_sent"], spread + rounds * per_round
+        out[name] = threshold_search(comm, mine, 1000, bins=8, budget=budget)
+        out[f"{name}_sent"], out[f"{name}_budget"] = comm.stats.counters["elements_sent"] - s0, budget
+    out["limited"] = threshold_search(comm, mine, 1000, bins=8, round_limit=2)
+    try:
+        threshold_search(comm, mine, 1000, bins=8, budget=spread + per_round - 1)
+    except ValueError as error:
+        out["refused"] = str(error)
+    return out
+
+
+@pytest.mark.parametrize("world", [3, 4])
+def test_a_budget_stops_the_search_within_it_and_under_the_cap(world):
+    per_rank = run_distributed(budget_body, world, timeout_s=120)
+    values = heavy(40_000, 2, torch.float64).abs()
+
+    def count(t: float) -> int:
+        return int((values >= t).sum())
+
+    free, short, enough = (per_rank[0][name] for name in ("free", "short", "enough"))
+    assert not free.cut and count(free.threshold) == 1000 and free.rounds > 2
+    assert short.cut and short.rounds == 2 and count(short.threshold) < 1000  # short of the band, under the cap
+    assert short.threshold > free.threshold
+    assert not enough.cut and enough.threshold == free.threshold and enough.rounds == free.rounds
+    assert per_rank[0]["limited"] == short                                   # two rounds, by a round limit
+    for rank in per_rank:
+        assert rank["short"] == short and rank["enough"] == enough             # every rank alike
+        assert rank["short_sent"] <= rank["short_budget"] and rank["enough_sent"] <= rank["enough_budget"]
+        assert "cannot pay one round" in rank["refused"]
+
+
+def test_bins_fit_the_worst_case_or_split_finest_within_the_budget():
+    """Magnitudes from 2 to 64 (5 octaves): 2^25.3 float32 patterns, 2^54.3 float64 ones."""
+    spread32, spread64 = (Spread(nonzero=10_000, hi=to_bits(64.0, dtype), lo=to_bits(2.0, dtype))
+                          for dtype in (torch.float32, torch.float64))
+    assert bins_within(10**6, torch.float64, 4, spread64) == 256                 # 7 rounds: the worst case fits
+    # float32 at P = 16: 256 bins take 4 rounds of 480, 128 bins 4 of 240, 64 bins 5 of 120
+    assert bins_within(1000, torch.float32, 16, spread32) == 128
+    assert bins_within(900, torch.float32, 16, spread32) == 64
+    # 110 elements at P = 16, float64 (no worst case fits): 8 bins (16 a round) split 3 bits in
+    # each of 6 rounds, 4 bins 2 in each of 8, 16 bins 4 in each of 3
+    assert round_cost(4, 16) == 8 and round_cost(8, 16) == 16 and round_cost(16, 16) == 32
+    assert bins_within(110, torch.float64, 16, spread64) == 8
+    assert bins_within(0, torch.float64, 1, spread64) == 256                     # alone: no cost

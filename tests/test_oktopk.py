@@ -3,7 +3,7 @@
 One world of 8 processes runs every check on gloo groups of its first 2, 3 and 4 ranks and on the
 whole world. Gradients are random float64 with exact zeros; every rank draws every rank's
 gradients from the same seeds, so references (dense averages, a brute-force gTop-k tree) are
-computed in the test itself.
+computed in the test itself (gTop-k's tree on dense vectors, with no product merge).
 """
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from commlab.algorithms.gtopk import merge_topk
 from commlab.algorithms.tensors import flat_grads
 from commlab.config import load_config
 from commlab.core.communicator import Communicator
 from commlab.grid import resolve_grid
 from commlab.testing import Driven, drive, run_distributed
+from test_sparse_references import brute_top_k, dense, dense_tree
 
 WORLDS = (2, 3, 4, 8)
 STEPS = 10
@@ -92,9 +92,9 @@ def checks_on(comm: Communicator) -> dict:
     n = ok.algo.n
     errs = []
     for step, update in enumerate(run_steps(ok, 6)):
-        dense = run_steps(ssgd, 1, start=step)[0]
+        ssgd_update = run_steps(ssgd, 1, start=step)[0]
         mean = sum(grad(r, step, n) for r in range(size)) / size
-        errs.append(max(float((update - dense).abs().max()), float((update - mean).abs().max())))
+        errs.append(max(float((update - ssgd_update).abs().max()), float((update - mean).abs().max())))
     out["density1_err"] = max(errs)
     out["density1_residual"] = float(ok.algo.memory.residual.abs().max())
     out["density1_probe"] = ok.algo.metrics()["probe_error"]   # top-k(dense average) with k = n: the average
@@ -110,20 +110,16 @@ def checks_on(comm: Communicator) -> dict:
     topka = make_algo("topk_allgather", {"density": 0.05, "warmup_steps": 0}, comm).run(3).algo
     out["topka_volume"] = (topka.metrics()["volume"], 2 * topka.k * (size - 1))
 
-    # gTop-k (release residuals): rank 0's tree result equals a brute-force simulation.
+    # gTop-k (release residuals): rank 0's tree result equals the tree on dense vectors
+    # (tests/test_sparse_references.py: no product merge; several steps there, one here).
     gt_driven = make_algo("gtopk", {"density": 0.1, "warmup_steps": 0}, comm)
     update, gt = run_steps(gt_driven, 1)[0], gt_driven.algo
-    sets = []
+    leaves = []
     for r in range(size):
         g = grad(r, 0, n)
-        idx = torch.sort(torch.topk(g.abs(), gt.k).indices).values
-        sets.append((idx, g[idx]))
-    while len(sets) > 1:     # pair neighbours level by level: the same tree as ranks 0 <- 1, 2 <- 3 ...
-        sets = [merge_topk(*sets[i], *sets[i + 1], gt.k) if i + 1 < len(sets) else sets[i]
-                for i in range(0, len(sets), 2)]
-    want = torch.zeros(n, dtype=torch.float64)
-    want[sets[0][0]] = sets[0][1] / size
-    out["gtopk_err"] = float((update - want).abs().max())
+        idx = brute_top_k(g, gt.k)
+        leaves.append(dense(idx, g[idx], n))
+    out["gtopk_err"] = float((update - dense_tree(leaves, gt.k) / size).abs().max())
 
     # Checkpoint: a fresh Ok-Topk loaded from the state continues identically.
     params = RESIDUAL_CASES["oktopk"][1]

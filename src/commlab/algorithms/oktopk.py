@@ -1,82 +1,74 @@
-"""Ok-Topk: near-optimal sparse allreduce (Li & Hoefler, PPoPP'22, sections 3 and 4).
+"""Ok-Topk: sparse allreduce with residuals, reused thresholds and balanced regions (Li & Hoefler,
+PPoPP'22, sections 3 and 4; released as Shigangli/Ok-Topk, LSTM/VGG allreducer).
 
-Implements the algorithm as released in Shigangli/Ok-Topk (LSTM/VGG allreducer; every interval
-and factor below is an option with that release's value). Per step, after ``warmup_steps`` dense
-steps, with residual eps and acc = g + eps:
+Per step, after ``warmup_steps`` dense steps, every rank holds acc = g + eps (eps: its residual):
 
-1. **Local selection**: every ``local_recompute_every`` (tau = 32) steps the local threshold is
-   the exact k-th largest |acc|; in between the previous one is reused (guarded and nudged by
-   1.012, band [3k/4, 5k/4]: see :mod:`commlab.compress.threshold`). Selected: |acc| >= threshold.
-2. **Regions**: every ``repartition_every`` (64) steps the index space is re-split into P regions
-   with balanced numbers of selected entries (boundaries averaged over ranks).
+1. **Local selection**: the entries of acc above a local threshold, about its top-k.
+2. **Regions**: every ``repartition_every`` steps the index space is re-split into P regions
+   holding balanced numbers of selected entries (boundaries averaged over the ranks).
 3. **Split and reduce**: rank j receives every rank's selected pairs of region j and sums them
    (:func:`commlab.core.sparse.split_and_reduce`, destinations rotated).
-4. **Global selection**: every ``global_recompute_every`` (tau' = 32) steps every rank's reduced
-   region is allgathered and the exact top-k of it is the result (its k-th value the new global
-   threshold); in between each rank keeps its region's entries above the reused global threshold
-   (nudged by 1.01 / 1.008), optionally **balances** them, and all ranks allgatherv them.
-5. The update is the kept sums divided by P; eps = acc with the entries that this rank sent
-   *and* that were kept globally set to zero (:mod:`commlab.algorithms.sparse_common`).
+4. **Global selection**: the reduced entries above a global threshold, about the top-k of the
+   sum; every rank allgathers them (balanced first when needed).
+5. The update is the kept sums divided by P; eps becomes acc with the entries this rank sent
+   *and* that were kept set to zero (:mod:`commlab.algorithms.sparse_common`).
 
-Where we differ from the release, on purpose: indices travel in integer tensors (the release
+Invariant: with exact thresholds every step (``local_recompute_every`` =
+``global_recompute_every`` = 1) both controls below apply the paper's update, the top-k of the
+sum over ranks of every rank's top-k of |acc|, divided by P (tests/test_oktopk_reference.py).
+
+**Threshold control** (``threshold_control``):
+
+* ``release``: the release's. Local: the exact k-th largest |acc| every tau
+  (``local_recompute_every``) steps, reused in between, guarded and nudged by ``local_up`` /
+  ``local_down`` when the count leaves [``band_lower``·k, ``band_upper``·k]
+  (:mod:`commlab.compress.threshold`). Global: every tau' (``global_recompute_every``) steps all
+  reduced regions are allgathered and their exact top-k kept; in between the reused threshold is
+  nudged by ``global_up`` / ``global_down``. The volume is not bounded: the exact step gathers up
+  to P·k pairs, and nudged thresholds lag magnitudes that drift.
+* ``bounded`` (the default): the same steps, with every rank sending fewer than
+  ``volume_budget`` (6)·k elements in every step, the paper's bound:
+
+  - local: exactly the top-k of |acc| every step (``ThresholdOptions.exact_k``: the reused
+    threshold only narrows the candidates), so split-and-reduce sends at most 2k + P-1;
+  - count table: one allgather of every rank's kept count at the reused global threshold, the
+    spread of its reduced values (:class:`~commlab.compress.bounded.Spread`), the elements it
+    has sent in the step, and its histogram around the threshold (:func:`window_bins` slices:
+    :class:`~commlab.compress.bounded.Window`);
+  - global: the reused threshold stays while the kept total lies in [``band_lower``·k,
+    min(``band_upper``·k, K)], K the largest total whose allgather fits the budget. Otherwise,
+    and every tau' steps, it is recomputed without moving values: the exact top-k when due,
+    else a total within k/16 of k, both at most K. An edge of the table's histograms answers
+    when its count fits; else a radix search on the values' bit patterns
+    (:func:`~commlab.compress.bounded.threshold_search`) gets what the allgather's bound leaves
+    and, should that run out first, ends under the cap (``threshold_cuts``);
+  - allgather: a plain allgatherv while it keeps the busiest rank under the budget
+    (``balance_when: over_budget``) or costs less than balancing, else balanced first (surplus
+    and equal slices: at most 4K(P-1)/P + 2P elements). Every rank knows every count: all
+    choose alike.
+
+  Hence V <= 2k + 4K(P-1)/P + O(P) < 6k at every step. The cap K, and the exact top-k, reach k
+  while the slack 6k/P left by the paper's 6k(P-1)/P pays the count exchanges, the table and a
+  search; at small k against P the cap falls below k and the entries left out stay in the
+  residuals.
+
+Where we depart from the release, on purpose: indices travel in integer tensors (the release
 packs int32 indices into float32 messages, wrong above 2^24) and nothing is staged through host
-numpy; selection is |acc| >= threshold (the release's strict > drops the k-th entry), and an exact
+numpy; selection is |acc| >= threshold (the release's strict > drops the k-th entry); an exact
 threshold is 0 when k reaches the number of candidates, so density 1 equals dense allreduce.
 
-Volume per rank (paper): split-and-reduce 2k(P-1)/P, balancing + allgatherv <= 4k(P-1)/P, so
-below 6k whatever P; TopkA's allgather is 2k(P-1). ``algo_volume_over_k`` measures it (mean per
-sparse step), ``algo_step_volume_over_k_max`` the largest step of any rank.
+Messages (docs/performance.md): indices and values travel packed in one integer message
+(:class:`~commlab.core.sparse.Pairs`). A bounded step is four collectives (the split's counts and
+pairs, the count table, the allgather; a fifth when balancing) and four host reads (the local
+compaction, the split's counts, the reduction's unique indices, the table); a recompute the table
+answers adds nothing, a search one collective and one read per round and one for the new counts.
 
-**Threshold control.** ``threshold_control: release`` is the release's behaviour above. Its
-reused thresholds move by at most 1.2% / 1% per step, slower than the residuals grow after the
-dense warm-up or when the gradient scale drifts, and its exact tau' step allgathers every reduced
-region (up to P·k pairs in all when the ranks select different entries): on i.i.d. heavy-tailed
-gradients at P = 8 a rank sends up to 17k elements in one step. ``threshold_control: bounded``
-(the default) keeps every step of every rank below ``volume_budget`` (6) · k by construction:
-
-* local: at most k selected (the cap of :class:`~commlab.compress.threshold.ThresholdOptions`:
-  when more than k pass the reused threshold the exact top-k of those is taken, when fewer than
-  3k/4 pass the exact threshold; ties trimmed), so split-and-reduce sends at most 2k + (P-1)
-  count elements;
-* global: one allgather of a count table: every rank's kept count, elements sent so far, where
-  its non-zero reduced values lie (their number, largest and smallest bit patterns) and, once a
-  global threshold exists, its histogram around it (``window_bins`` slices of 1/32 octave,
-  +-1 octave: :class:`~commlab.compress.bounded.Window`). Every rank then knows the busiest
-  rank's spend s and sets the cap K <= k on the kept total so that
-  s + table + probes + 4K(P-1)/P + 2P < 6k. When due (tau'), or when the reused threshold keeps
-  a total outside [3k/4, K], the threshold is recomputed, aiming at exactly the top-K when due,
-  else at a total in the middle half of [3k/4, K] (so that a drifting count stays in the band):
-  from the table alone when an edge of the gathered histograms has a count in that band (every
-  rank's count at the edge is in the table too: no collective), else by
-  :func:`~commlab.compress.bounded.distributed_threshold` (a radix search on the values' bit
-  patterns, started in the histogram's slice where the count crosses the cap: one allreduce of
-  ``bins`` counts per round, at most 4 rounds for float32 with 256 bins) and one allgather of
-  the new counts, instead of allgathering the regions. ``bins`` is the most (up to 256) whose
-  rounds over the gathered spread cost at most k/2 elements, so a small k gets more, cheaper
-  rounds; the cap reserves that search's worst case only on a step that may run one, and when
-  every non-zero entry fits under the cap the threshold is 0 with no search at all;
-* allgather: the kept pairs in a plain allgatherv (2(P-1) times the largest count, every slice
-  padded to it) when that keeps the busiest rank under the budget or is the cheaper, else balanced
-  first (surplus <= 2(K - floor(K/P)), then equal slices 2(P-1)ceil(K/P): <= 4K(P-1)/P + 2P in
-  all, which the cap K reserves). Balancing costs a collective more, so by default
-  (``balance_when: over_budget``) it runs only when needed; ``balance_when: cheaper`` balances
-  whenever that sends fewer elements. Every rank knows every count, so all choose alike.
-
-Hence V <= 2k + 4k(P-1)/P + O(P) and, whatever P and the data, V < 6k. K = k unless k is small
-against P (the O(P) count and probe terms): with the tiny MLP's k = 509 at P = 32 the cap is
-0.8-0.97k; entries not kept stay in the residuals. With exact thresholds every step both controls compute the same
-update (tests/test_oktopk_reference.py).
-
-**Messages and host syncs** (docs/performance.md). Indices and values travel packed in one
-integer message (:class:`~commlab.core.sparse.Pairs`). A typical bounded step is four
-collectives (the split's counts and pairs, the count table, the allgather; a fifth when
-balancing) and four host reads: the local selection's compaction, the split's counts (sent and
-received, read together), the reduction's unique indices and the table (the kept entries'
-positions need none: their number is in the table). A recompute answered by the table costs
-nothing more; a search adds one collective and one read per round and one for the new counts.
-Metrics: ``recompute_steps`` is the fraction of sparse steps that recomputed a threshold (exact
-or corrected, local or global) or re-split the regions, ``window_answers`` the fraction whose
-global threshold the table's histograms answered.
+Metrics (``algo_<key>``, means per sparse step): ``local_selected``, ``region_reduced``,
+``global_selected`` (entries applied), ``exact_global_steps``, ``global_recomputes``,
+``window_answers``, ``threshold_cuts``, ``recompute_steps`` (a threshold recomputed or regions
+re-split); ``local_recomputes`` (cumulative), the current ``local_threshold`` and
+``global_threshold``; volumes as in :mod:`commlab.algorithms.sparse_common`
+(``volume_over_k``, ``step_volume_over_k_max``).
 """
 
 from __future__ import annotations
@@ -87,13 +79,14 @@ import torch
 
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
 from commlab.compress.bounded import (
+    SEARCH_ROUNDS,
     SPREAD_FIELDS,
     Spread,
     Window,
     bins_within,
-    distributed_threshold,
     local_spread,
-    probe_cost_bound,
+    round_cost,
+    threshold_search,
 )
 from commlab.compress.floatbits import from_bits
 from commlab.compress.scan import at_least, compact
@@ -145,7 +138,8 @@ class OkTopk(SparseAlgorithm):
         global_up: float = 1.008  # global threshold x this when > band_upper*k kept (BERT 1.025)
         global_down: float = 1.01  # global threshold / this when < band_lower*k kept (BERT 1.036)
         band_lower: float = 0.75  # lower edge of the accepted count band, in units of k
-        band_upper: float = 1.25  # upper edge of the accepted count band, in units of k
+        band_upper: float = 1.25  # upper edge of the accepted count band, in units of k (bounded: the local
+        # threshold kept between steps passes about (1 + band_upper)/2 * k, of which the top-k is taken)
         guard_factor: float = 1.5  # reused local threshold raised while > guard_factor*k pass
         guard_scale: float = 1.03  # factor of each guard raise
         guard_loops: int = 5  # at most this many guard raises per step (0: off)
@@ -177,9 +171,9 @@ class OkTopk(SparseAlgorithm):
             return self.threshold_control == "bounded"
 
         def local_thresholds(self) -> ThresholdOptions:
-            if self.bounded:  # no guard: the cap replaces it (exact threshold when out of [lower*k, k])
+            if self.bounded:  # exactly the local top-k: the reused threshold only narrows the candidates
                 return ThresholdOptions(self.local_recompute_every, self.band_lower, self.band_upper,
-                                        self.local_up, self.local_down, guard_loops=0, cap=1.0)
+                                        self.local_up, self.local_down, guard_loops=0, exact_k=True)
             return ThresholdOptions(self.local_recompute_every, self.band_lower, self.band_upper,
                                     self.local_up, self.local_down, self.guard_factor, self.guard_scale,
                                     self.guard_loops)
@@ -200,7 +194,7 @@ class OkTopk(SparseAlgorithm):
         marks = (self.local.exact_computations, self.local.recomputes, self.global_.exact_computations,
                  self.window["global_recomputes"])
         with self.selecting() as box:
-            selected, values = self.local.select_pairs(acc, k, step)  # guarded (or capped), then nudged
+            selected, values = self.local.select_pairs(acc, k, step)  # release: guarded, nudged; bounded: top-k
             box[0] = selected.numel()
         self.note("local_selected", selected.numel())
 
@@ -251,9 +245,10 @@ class OkTopk(SparseAlgorithm):
 
     def _bounded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor, step: int
                         ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bounded control: keep at most ``cap`` (<= k) reduced entries in all, chosen by a threshold
-        recomputed (without moving values) when due or when the reused one leaves [lower*k, cap];
-        then allgather them, balanced when that is cheaper for the busiest rank."""
+        """Bounded control: keep the reduced entries above a global threshold that is reused while
+        the kept total stays in [lower*k, upper*k] and fits the budget, else recomputed (without
+        moving values) to keep the exact top-k when due and about k otherwise; then allgather
+        them, balanced when the plain allgatherv would break the budget."""
         p, k, me = self.comm.size, self.k, self.comm.rank
         thr = self.global_.value
         window = Window.around(thr, r_val.dtype, self.window_bins) if thr is not None and self.window_bins else None
@@ -273,15 +268,10 @@ class OkTopk(SparseAlgorithm):
         spent = max(row[TABLE_FIELDS - 1] for row in table)
         spread = Spread.combine([row[1:1 + SPREAD_FIELDS] for row in table])
         due = self.global_.due(step)
-        cap = self._global_cap(spent, probes=0, window=window)  # no search this step: none reserved
-        allowance = self._allowance(spent, probes=0, window=window)
-        low = int(min(self.options.band_lower * k, cap))
-        if due or not low <= sum(counts) <= cap:
-            if spread.nonzero <= cap:  # every non-zero entry fits: threshold 0, no search, counts known
-                thr, counts = 0.0, [row[1] for row in table]
-            else:
-                thr, counts, probes = self._recompute(r_val, table, window, spread, spent, due)
-                allowance = self._allowance(spent, probes, window)
+        allowance = self._allowance(spent, window)  # what the allgather may spend when nothing else runs
+        high = min(int(self.options.band_upper * k), self._cap(allowance))
+        if due or not min(int(self.options.band_lower * k), high) <= sum(counts) <= high:
+            thr, counts, allowance = self._recompute(r_val, table, window, spread, allowance, due)
             if due:
                 self.global_.set_exact(thr)
                 self.note("exact_global_steps", 1)
@@ -315,19 +305,22 @@ class OkTopk(SparseAlgorithm):
             return allgather_equal(self.comm, slices, owned)
 
     def _recompute(self, r_val: torch.Tensor, table: list[list[int]], window: Window | None, spread: Spread,
-                   spent: int, due: bool) -> tuple[float, list[int] | None, int]:
-        """The new global threshold; when the table already holds them, every rank's count at it
-        (None: gather them); and the elements reserved for the search (0 when none ran). The cap
-        reserves the worst case of a search over the spread; an edge of the gathered window
-        histogram whose count is in the band answers without one."""
+                   allowance: float, due: bool) -> tuple[float, list[int] | None, float]:
+        """The new global threshold; every rank's count at it when the table already holds them
+        (None: gather them); and what the allgather may still spend. Due: the exact top-k; else
+        a total within k/16 of k. Both capped so that the allgather fits the budget after the
+        count gather and one round of a search: a search gets what the allgather leaves, and ends
+        under the cap if that runs out before the band (``threshold_cuts``)."""
         p, k = self.comm.size, self.k
-        bins = bins_within(k / 2, r_val.dtype, p, spread)
-        probes = probe_cost_bound(r_val.dtype, p, bins, spread) + (p - 1)
-        cap = self._global_cap(spent, probes=probes, window=window)
-        low = int(min(self.options.band_lower * k, cap))
-        quarter = (cap - low) // 4
-        # due: the exact top-cap; otherwise the middle half of the band (a drifting count stays in it)
-        k_max, k_min = cap - (0 if due else quarter), cap if due else low + quarter
+        gather = p - 1  # the new counts, unless the table answers
+        bins = bins_within(min(k / 2, allowance - gather - self._allgather_bound(k)), r_val.dtype, p, spread)
+        k_max = min(k if due else k + k // 16, self._cap(allowance - gather - round_cost(bins, p)))
+        k_min = k_max if due else min(k - k // 16, k_max)
+        if spread.nonzero <= k_max:  # every non-zero entry fits: threshold 0, every count in the table
+            return 0.0, [row[1] for row in table], allowance
+        if k_max == 0:  # the budget is spent: keep nothing this step (above every value, no collective)
+            self.note("threshold_cuts", 1)
+            return from_bits(spread.hi + 1, r_val.dtype), [0] * p, allowance
         start = None
         if window is not None:
             ranks = [window.at_edges(row[TABLE_FIELDS:]) for row in table]
@@ -336,30 +329,40 @@ class OkTopk(SparseAlgorithm):
             if fits:
                 best = min(fits, key=lambda j: (abs(every[j] - (k_min + k_max) / 2), -j))
                 self.note("window_answers", 1)
-                return from_bits(window.edges[best], r_val.dtype), [counts[best] for counts in ranks], 0
+                return from_bits(window.edges[best], r_val.dtype), [counts[best] for counts in ranks], allowance
             start = window.start(every, k_max, spread)
+        budget = allowance - gather - self._allgather_bound(k_max)
         with self.phase("threshold"):
-            thr = distributed_threshold(self.comm, r_val, k_max, k_min, bins=bins, spread=spread, start=start)
-        return thr, None, probes
+            found = threshold_search(self.comm, r_val, k_max, k_min, bins=bins, spread=spread, start=start,
+                                     budget=int(budget) if p > 1 else None, round_limit=SEARCH_ROUNDS)
+        self.note("threshold_cuts", float(found.cut))
+        return found.threshold, None, allowance - gather - found.rounds * round_cost(bins, p)
 
-    def _allowance(self, spent: int, probes: int, window: Window | None = None) -> float:
-        """Elements the busiest rank may still send after the count table (and ``probes``, a
-        threshold search and its count allgather when one runs) without reaching the budget: it
-        had sent ``spent`` before the table, which costs TABLE_FIELDS + the window's bins + 1
-        elements to each of the P-1 other ranks."""
+    def _allowance(self, spent: int, window: Window | None = None) -> float:
+        """Elements the busiest rank may still send after the count table without reaching the
+        budget: it had sent ``spent`` before the table, which costs TABLE_FIELDS + the window's
+        bins + 1 elements to each of the P-1 other ranks."""
         p, k = self.comm.size, self.k
         table = (TABLE_FIELDS + (window.bins + 1 if window else 0)) * (p - 1)
-        return self.options.volume_budget * k - 1 - spent - table - probes
+        return self.options.volume_budget * k - 1 - spent - table
 
-    def _global_cap(self, spent: int, probes: int, window: Window | None = None) -> int:
-        """Largest total K of kept entries whose allgather keeps every rank below the budget: a
-        rank's balance surplus 2(K - floor(K/P)) and the allgather of the balanced slices
-        2(P-1)ceil(K/P) are together <= 4K(P-1)/P + 2P, which must fit :meth:`_allowance`."""
-        p, k = self.comm.size, self.k
+    def _allgather_bound(self, total: int) -> int:
+        """The most one rank sends to allgather ``total`` kept entries, balanced when needed: its
+        balance surplus 2(K - floor(K/P)) and the allgather of the balanced slices 2(P-1)ceil(K/P)
+        are together <= 4K(P-1)/P + 2P."""
+        p = self.comm.size
+        return 0 if p == 1 else -(-4 * total * (p - 1) // p) + 2 * p
+
+    def _cap(self, allowance: float) -> int:
+        """Largest total K of kept entries whose allgather fits ``allowance`` (:meth:`_allgather_bound`;
+        0 when none does)."""
+        p = self.comm.size
         if p == 1:
-            return k
-        left = self._allowance(spent, probes, window) - 2 * p
-        return max(0, min(k, int(left * p // (4 * (p - 1)))))
+            return self.n
+        cap = max(0, int((allowance - 2 * p) * p // (4 * (p - 1))))
+        while cap and self._allgather_bound(cap) > allowance:  # the bound's ceiling
+            cap -= 1
+        return cap
 
     def _thresholded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep this region's reduced entries above the reused global threshold; allgather them."""

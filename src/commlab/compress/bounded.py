@@ -9,14 +9,18 @@ of its entries that fall in the current interval into ``bins`` equal slices, one
 the histograms, and every rank reads the same global counts at the slice edges. An edge whose
 count lies in the band answers; otherwise the interval shrinks to the slice where the count
 crosses k_max, and the next round splits that slice. The interval starts at the ranks' smallest
-and largest non-zero patterns (their :func:`spread`), so with 256 bins any float32 band is found
-in at most 4 rounds (256^4 = 2^32 patterns), usually 2 or 3; float64 needs up to 8.
+and largest non-zero patterns (their :func:`local_spread`, combined), so with 256 bins any
+float32 band is found in at most 4 rounds (256^4 = 2^32 patterns); float64 needs up to 8.
 
-With k_min = k_max = k the result selects exactly the global top-k (an edge strictly above the
-(k+1)-th largest and at most the k-th); when ties at the boundary make the band unreachable it
-is the smallest threshold selecting at most k_max, so the cap holds whatever the data. Each
-round is one allreduce of ``bins`` int64 counts and one host read of them; nothing else leaves
-the device. :func:`probe_cost_bound` is the worst-case number of elements it sends.
+Invariants: with k_min = k_max = k the result selects exactly the global top-k (an edge strictly
+above the (k+1)-th largest and at most the k-th); when ties at the boundary make the band
+unreachable it is the smallest threshold selecting at most k_max, so the cap holds whatever the
+data; every rank gets the same threshold. Each round is one allreduce of ``bins`` int64 counts
+and one host read of them; nothing else leaves the device. :func:`probe_cost_bound` is the
+worst-case number of elements a search sends. :func:`threshold_search` takes an element budget
+instead: it stops before a round the budget cannot pay, under the cap (Ok-Topk's bounded
+control gives a search what its allgather leaves of the 6k budget), and :func:`bins_within`
+chooses the bins for a budget.
 
     t = distributed_threshold(comm, region_values, k_max=k, k_min=k)   # exact global top-k
 """
@@ -67,19 +71,35 @@ def probe_cost_bound(dtype: torch.dtype, p: int, bins: int = DEFAULT_BINS, sprea
     nothing alone)."""
     if p == 1:
         return 0
-    per_round = max(ring_allreduce_cost(bins, p, i)[0] for i in range(p))
+    per_round = round_cost(bins, p)
     if spread is None:
         return max_rounds(dtype, bins) * per_round + SPREAD_FIELDS * (p - 1)
     return search_rounds(spread.hi + 1 - spread.lo, bins) * per_round
 
 
-def bins_within(budget: float, dtype: torch.dtype, p: int, spread: Spread | None = None) -> int:
-    """The most bins per round (a power of two from 16 to 256) whose worst-case probe cost stays
-    within ``budget`` elements (16 when none does): fewer rounds where k leaves room for them."""
-    for bins in (256, 128, 64, 32):
-        if probe_cost_bound(dtype, p, bins, spread) <= budget:
-            return bins
-    return 16
+def round_cost(bins: int, p: int) -> int:
+    """Elements the busiest rank sends in one round of a search: a ring allreduce of ``bins`` counts."""
+    return max(ring_allreduce_cost(bins, p, i)[0] for i in range(p)) if p > 1 else 0
+
+
+BINS = (4, 8, 16, 32, 64, 128, 256)  # the bins a search may count per round
+SEARCH_ROUNDS = 8  # the most rounds a budgeted search takes (each is a host read): float64's worst case at 256 bins
+
+
+def bins_within(budget: float, dtype: torch.dtype, p: int, spread: Spread | None = None,
+                rounds: int = SEARCH_ROUNDS) -> int:
+    """Bins per round for a search that may send ``budget`` elements in ``rounds`` rounds: the
+    most of :data:`BINS` whose worst case over ``spread`` (:func:`probe_cost_bound`) fits both;
+    when none does, those that split the interval finest in the rounds the budget pays (the more
+    bins among equals): few bins cost fewer elements per bit found, more bins fewer rounds."""
+    if p == 1:
+        return DEFAULT_BINS
+    span = _patterns(dtype) if spread is None else spread.hi + 1 - spread.lo
+    fitting = [bins for bins in BINS
+               if probe_cost_bound(dtype, p, bins, spread) <= budget and search_rounds(span, bins) <= rounds]
+    if fitting:
+        return max(fitting)
+    return max(BINS, key=lambda bins: (min(int(budget // round_cost(bins, p)), rounds) * math.log2(bins), bins))
 
 
 SPREAD_FIELDS = 3  # non-zero count, largest and minus the smallest non-zero bit pattern
@@ -182,30 +202,63 @@ class Window:
         return edges[first - 1], edges[first] - 1, at_edges[first]
 
 
+@dataclass(frozen=True)
+class Search:
+    """What :func:`threshold_search` found: the threshold, the histogram rounds it ran, and
+    whether its element budget ended it before the band was reached (``cut``)."""
+
+    threshold: float
+    rounds: int = 0
+    cut: bool = False
+
+
 def distributed_threshold(comm, values: torch.Tensor, k_max: int, k_min: int | None = None, *,
                           bins: int = DEFAULT_BINS, spread: Spread | None = None,
                           start: tuple[int, int, int] | None = None) -> float:
     """A threshold selecting between ``k_min`` and ``k_max`` entries of all ranks' ``values``
     together (|x| >= t, x != 0), the smallest one selecting at most ``k_max`` when no threshold
-    fits the band. Every rank of ``comm`` calls it with its own values and gets the same result.
+    fits the band. Every rank of ``comm`` calls it with its own values and gets the same result:
+    :func:`threshold_search`'s threshold, without a budget."""
+    return threshold_search(comm, values, k_max, k_min, bins=bins, spread=spread, start=start).threshold
+
+
+def threshold_search(comm, values: torch.Tensor, k_max: int, k_min: int | None = None, *,
+                     bins: int = DEFAULT_BINS, spread: Spread | None = None,
+                     start: tuple[int, int, int] | None = None, budget: int | None = None,
+                     round_limit: int | None = None) -> Search:
+    """:func:`distributed_threshold`, reporting its rounds, and with an element budget.
 
     ``bins`` thresholds are counted per round (one allreduce of ``bins`` counts); ``spread``, when
     the caller already gathered every rank's :func:`local_spread`, saves the allgather that
     starts the search; ``start`` = (lo, hi, entries above hi), patterns between which the count
-    is known to cross k_max (from a :class:`Window`), narrows the first round to them."""
+    is known to cross k_max (from a :class:`Window`), narrows the first round to them.
+    ``budget`` (elements this rank may send in all, at least one round's :func:`round_cost` and
+    the spread's allgather when it runs) stops the search before a round it cannot afford, and
+    ``round_limit`` after that many rounds: the result is then the smallest threshold known to
+    select at most ``k_max`` (``cut``), at most one slice of the last round above the band."""
     k_min = k_max if k_min is None else k_min
     if not 0 <= k_min <= k_max:
         raise ValueError(f"need 0 <= k_min <= k_max, got k_min={k_min}, k_max={k_max}")
     if bins < 2:
         raise ValueError(f"bins must be at least 2, got {bins}")
+    if round_limit is not None and round_limit < 1:
+        raise ValueError(f"round_limit must be at least 1, got {round_limit}")
+    per_round = round_cost(bins, comm.size)
+    spent = SPREAD_FIELDS * (comm.size - 1) if spread is None else 0  # the spread's allgather
+    if budget is not None and budget < spent + per_round:
+        raise ValueError(f"a budget of {budget} elements cannot pay one round ({spent + per_round})")
     spread = gather_spread(comm, values) if spread is None else spread
     if spread.nonzero <= k_max:
-        return 0.0
+        return Search(0.0)
     bits = _magnitude_bits(values)
     target = (k_min + k_max) / 2
     # Invariant: count(lo) > k_max >= count(hi + 1) = above.
     lo, hi, above = start if start is not None else (spread.lo, spread.hi, 0)
+    rounds = 0
     while True:
+        if (budget is not None and spent + (rounds + 1) * per_round > budget) or rounds == round_limit:
+            return Search(from_bits(hi + 1, values.dtype), rounds, cut=True)
+        rounds += 1
         width = -(-(hi + 1 - lo) // bins)
         slot = torch.where((bits >= lo) & (bits <= hi), (bits - lo) // width, torch.full_like(bits, bins))
         hist = torch.zeros(bins + 1, dtype=torch.int64, device=bits.device).index_add_(
@@ -223,8 +276,8 @@ def distributed_threshold(comm, values: torch.Tensor, k_max: int, k_min: int | N
         fits = [j for j in range(used + 1) if k_min <= at_edge[j] <= k_max]
         if fits:  # the edge whose count is nearest the band's middle (the higher threshold on ties)
             best = min(fits, key=lambda j: (abs(at_edge[j] - target), -j))
-            return from_bits(edges[best], values.dtype)
+            return Search(from_bits(edges[best], values.dtype), rounds)
         first = next(j for j in range(used + 1) if at_edge[j] <= k_max)  # exists: at_edge[used] = above
         if width == 1:  # single patterns: a tie straddles the band, take the smallest edge under the cap
-            return from_bits(edges[first], values.dtype)
+            return Search(from_bits(edges[first], values.dtype), rounds)
         lo, hi, above = edges[first - 1], edges[first] - 1, at_edge[first]

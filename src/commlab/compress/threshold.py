@@ -1,31 +1,38 @@
-"""Threshold estimation: exact top-k every few steps, a reused and nudged threshold in between
-(Li & Hoefler, PPoPP'22, section 4: Ok-Topk's local and global thresholds, as released in Shigangli/Ok-Topk).
+"""Threshold estimation: the exact k-th largest magnitude every few steps, a reused threshold in
+between (Li & Hoefler, PPoPP'22, section 4: Ok-Topk's local and global thresholds, as released in
+Shigangli/Ok-Topk).
 
-Computing the exact k-th largest magnitude costs a top-k over the whole tensor (or, with the
-previous threshold as a guess, one counting pass and a top-k over the few k entries above the
-right rung, among which the selection is then kept: :func:`select_top`). Gradients change
-slowly, so Ok-Topk computes it only every ``recompute_every`` steps (tau = 32) and in between
-selects with the previous threshold, corrected multiplicatively from the count it selected:
-more than ``upper``·k selected -> multiply by ``up`` (1.012), fewer than ``lower``·k -> divide by
-``down`` (1.012); the band is [3k/4, 5k/4]. Before selecting with a reused threshold, a guard
-raises it by ``guard_scale`` (1.03), at most ``guard_loops`` (5) times, while more than
-``guard_factor``·k (3k/2) entries would pass. The global threshold of Ok-Topk uses the same
-machinery with up = 1.008, down = 1.01 and no guard.
+What it computes. A selection keeps the entries with |x| >= threshold and x != 0. Every
+``recompute_every`` steps (tau) the threshold is the exact k-th largest |x|; in between the
+previous one is reused, so a step costs one mask and one compaction instead of a top-k. How the
+reused threshold follows the data, by :class:`ThresholdOptions`:
 
-With ``cap`` set (Ok-Topk's bounded control) no step selects more than ``cap``·k entries: when
-more pass the reused threshold, the selection is the exact top-(cap·k), taken among those that
-pass (they contain it, so this costs a top-k over about k entries, not over the tensor); when
-fewer than ``lower``·k pass, the exact threshold is computed at that step. Either correction
-(counted in ``recomputes``) keeps for the next steps the threshold that selects the middle of
-[lower·k, cap·k], and ties at an exact threshold are trimmed to the cap.
+* **nudged** (the release): more than ``upper``·k selected -> threshold x ``up``; fewer than
+  ``lower``·k -> / ``down``. A guard first raises a reused threshold by ``guard_scale``, at most
+  ``guard_loops`` times, while more than ``guard_factor``·k would pass. The count is only
+  steered into the band [``lower``·k, ``upper``·k].
+* **capped** (``cap`` > 0): never more than ``cap``·k selected (the exact top-(cap·k) of those
+  passing when more pass); fewer than ``lower``·k passing -> the exact threshold at that step.
+  Either correction keeps for the next steps the threshold that selects the middle of
+  [``lower``·k, ``cap``·k] (at most the k-th largest after a recompute from below).
+* **exact k** (``exact_k``, Ok-Topk's bounded control): exactly the top-k at every step. The
+  reused threshold only narrows the candidates: while at least k pass, the top-k of those is
+  the tensor's. Fewer than k passing -> the exact threshold; more than ``upper``·k -> re-aimed
+  among those passing. The threshold kept aims at (1 + ``upper``)/2 · k entries.
 
-A reused step costs one mask and one compaction (:mod:`commlab.compress.scan`: no |x| buffer,
-the count is the compaction's length, one host sync); the guard's raised thresholds are counted
-among the selected entries as they are selected, and a raise keeps the entries passing it (no
-second pass over the tensor: :func:`commlab.compress.scan.select_pairs_guarded`). Selection
-keeps the entries with |x| >= threshold and x != 0: at density 1 (threshold 0) that is every
-non-zero entry, so a density-1 method equals a dense one exactly. When k reaches the number
-of candidates the exact threshold is 0 (everything non-zero passes).
+Invariants: a selection's positions ascend and its values are x's there; ties at an exact
+threshold are trimmed to the cap (capped) or to k (exact k); at a threshold of 0 every non-zero
+entry passes, so k >= the number of candidates selects all of them (density 1 equals dense);
+NaN passes every threshold. ``exact_computations`` counts exact thresholds, ``recomputes`` the
+corrections outside the tau steps.
+
+How (docs/performance.md, "Selection passes"): an exact threshold with a previous one as the
+guess counts the entries above 16 rungs around it in one pass and ranks only those above the
+highest rung that k pass (:func:`top_candidates`), keeping the selection among them
+(:func:`select_top`); order statistics come from an unsorted top-k and one partition or sort
+(:func:`largest_at_ranks`). A reused step is one mask and one compaction
+(:mod:`commlab.compress.scan`), the compaction's length being the count (one host read); the
+guard's raised thresholds are counted among the selected entries as they are selected.
 
     select = SELECTORS.get("threshold_estimation")()   # stateful: first call exact, then reused
     idx = select(x, k)
@@ -60,6 +67,7 @@ class ThresholdOptions:
     guard_scale: float = 1.03  # guard: factor of each raise
     guard_loops: int = 5  # guard: at most this many raises per step (0: no guard)
     cap: float = 0.0  # > 0: never select more than cap*k; recompute exactly when out of [lower*k, cap*k]
+    exact_k: bool = False  # select exactly the top-k every step: the reused threshold only narrows the candidates
 
     def validate(self) -> None:
         if self.recompute_every < 1:
@@ -75,6 +83,9 @@ class ThresholdOptions:
             raise ValueError(f"guard_loops must be >= 0, got {self.guard_loops}")
         if self.cap and not self.lower <= self.cap:
             raise ValueError(f"cap must be 0 (off) or >= lower ({self.lower}), got {self.cap}")
+        if self.exact_k and (self.cap or self.guard_loops):
+            raise ValueError(f"exact_k replaces the cap and the guard: need cap=0 and guard_loops=0, got "
+                             f"cap={self.cap}, guard_loops={self.guard_loops}")
 
 
 def kth_largest(magnitudes: torch.Tensor, k: int) -> float:
@@ -117,13 +128,11 @@ def ranked_magnitudes(values: torch.Tensor, k: int, ranks: list[int]) -> list[fl
 
 def largest_at_ranks(values: torch.Tensor, ranks: list[int]) -> list[float]:
     """The r-th largest of 1-D ``values`` for each r of ``ranks`` (1 <= r <= values.numel()), NaN
-    the largest, read on the host at once (one host sync). Not ``torch.kthvalue``, on either
-    device: on the CPU its quickselect takes quadratic time on the order ``torch.topk(sorted=False)``
-    leaves its values in (two ranks, k = 40,000: 59 ms, against 0.6 ms on the same values permuted;
-    k = 4,400: 0.02 ms); on CUDA it is a radix select in one thread block per slice, which reads
-    the slice about 16 times on one SM (pytorch/pytorch#75599: 20 times slower than a sort of
-    100M). On the CPU numpy's introselect instead (every rank in one call: 0.01 ms at k = 4,400,
-    0.5 ms at 40,000); elsewhere one sort, which uses the whole GPU."""
+    the largest, read on the host at once (one host sync). On the CPU numpy's introselect (every
+    rank in one call), elsewhere one sort, which uses the whole GPU. Not ``torch.kthvalue`` on
+    either device: on the CPU its quickselect is quadratic on the order ``torch.topk(sorted=False)``
+    leaves its values in; on CUDA it is a radix select in one thread block per slice
+    (pytorch/pytorch#75599). docs/performance.md has the timings."""
     if values.device.type == "cpu":
         return largest_by_partition(values, ranks)
     return largest_by_sort(values, ranks)
@@ -224,6 +233,8 @@ class ThresholdEstimator:
     def select_pairs(self, x: torch.Tensor, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`select`'s indices and the values of ``x`` there (kept as the selection reads
         them: the guard and the cap work on these, and a caller need not gather them again)."""
+        if self.options.exact_k:
+            return self._select_exact_k(x, k, step)
         if self.options.cap:
             return self._select_capped(x, k, step)
         if self.due(step):
@@ -262,13 +273,39 @@ class ThresholdEstimator:
                 idx, vals, ranked = self._exact(x, k, also=(min(aim, k),))
                 self.value = ranked[0]
         if idx.numel() > cap:   # ties at an exact threshold, or a reused one fallen behind
-            # unsorted: the same entries as a sorted top-k (the sort only orders them), 10x cheaper
+            # unsorted: the same entries as a sorted top-k (the sort only orders them)
             top = torch.topk(vals.abs(), cap, sorted=False)
             order = torch.sort(top.indices).values  # idx ascends: so do the kept positions
             idx, vals = idx[order], vals[order]
             if not due:
                 self.recomputes += 1
                 self.value = largest_at_ranks(top.values, [min(aim, cap)])[0]
+        return idx, vals
+
+    def _select_exact_k(self, x: torch.Tensor, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exactly the k largest |x| (ties trimmed; every non-zero entry when fewer are non-zero).
+        The threshold kept between steps lets about ``aim`` = (1 + upper)/2 · k entries pass, so
+        that the top-k lies among those passing while the magnitudes drift: then the selection is
+        the top-k of that small set. When fewer than k pass, the exact threshold is computed
+        again (aimed anew); when more than upper·k pass, it is re-aimed among those passing."""
+        o = self.options
+        if k >= x.numel():
+            return select_pairs_at_least(x, self.set_exact(0.0), self.scratch)
+        aim = min(x.numel() - 1, math.ceil((1 + o.upper) / 2 * k))
+        if self.due(step):
+            idx, vals, _ = self._exact(x, aim)
+        else:
+            idx, vals = select_pairs_at_least(x, self.value, self.scratch)
+            if idx.numel() < k and self.value > 0:  # a threshold 0 already passes every non-zero entry
+                self.recomputes += 1
+                idx, vals, _ = self._exact(x, aim)
+            elif idx.numel() > o.upper * k:
+                self.recomputes += 1
+                self.value = ranked_magnitudes(vals, aim, [aim])[0]
+        if idx.numel() > k:
+            # unsorted: the same entries as a sorted top-k; idx ascends, so do the kept positions
+            keep = torch.sort(torch.topk(vals.abs(), k, sorted=False).indices).values
+            idx, vals = idx[keep], vals[keep]
         return idx, vals
 
     def _exact(self, x: torch.Tensor, k: int, also: tuple[int, ...] = ()

@@ -8,10 +8,10 @@ vectorised (AVX-512 or AVX2, whichever the compiler's ``-march=native`` finds; a
 otherwise), in chunks on torch's own OpenMP workers, and in one call from Python: the pass, a
 guard's raised thresholds counted among the selected values and the raise applied
 (:meth:`Kernel.select_guarded`, Ok-Topk's guard), and the result written into room sized from
-the last count (Python between the pass and the result ran several times slower than usual
-right after a pass that had evicted the caches). It gives exactly the numpy passes' result:
-the ascending positions with !(|x| < t), so NaN passes and, with t >= the smallest positive
-float, zeros never do.
+the last count (no Python between the pass and the result, which would run with the caches
+the pass evicted). Invariant: it gives exactly the numpy passes' result, the ascending
+positions with !(|x| < t), so NaN passes and, with t >= the smallest positive float, zeros
+never do.
 
 The shared library is built with the system's C compiler (``$CC``, else ``cc``) into a cache
 folder (``$COMMLAB_NATIVE_CACHE``, else ``$XDG_CACHE_HOME/commlab/native``, else
@@ -58,8 +58,7 @@ STATE_LENGTH = MAX_THREADS * (1 + MAX_THRESHOLDS)  # select.c's per-chunk counts
 # The chunks run on OpenMP workers, and they are torch's: the library is built with -fopenmp and
 # loaded after torch, whose libgomp.so.1 the loader then reuses (one runtime, one pool). torch's
 # workers keep spinning for a while after each of its parallel regions; threads of our own would
-# compete with them for the cores (measured on 2 cores right after a torch op, 4M elements: 0.49
-# ms on one thread, 0.67 ms on two pthreads of our own, 0.25 ms on torch's two workers).
+# compete with them for the cores, and lose to one thread.
 PER_THREAD = 1 << 16  # elements each thread gets at least: below that a chunk costs more than it saves
 
 
@@ -213,8 +212,8 @@ def _address(x: torch.Tensor) -> int:
     """Where x's memory starts. The kernel is the host reading a tensor, which is what
     :class:`commlab.bench.opcount.HostSyncCounter` counts (on a GPU this read is a sync), so x
     passes through ``.numpy()`` to be counted; the address itself is ``data_ptr()``: numpy's
-    ``.ctypes.data`` builds a ctypes object per call (measured with the caches cold, as between
-    training steps: about 45 us more per call, a tenth of a 4M-element selection)."""
+    ``.ctypes.data`` builds a ctypes object per call, costly with the caches cold, as between
+    training steps."""
     x.numpy()
     return x.data_ptr()
 
