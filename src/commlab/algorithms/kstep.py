@@ -124,7 +124,7 @@ class KStep(KStepFamily):
     comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
     family = "periodic"
     host_sync_budget = SyncBudget({"local": 0, "reduction": 0})
-    quick_run = QuickRun({"period": 4})
+    quick_run = QuickRun({"k": 4})  # the paper's name, as the grids give it (a grid's k is replaced)
     resume = ResumeState("the schedule's counts and the block momentum's anchor and velocity")
 
     @dataclass

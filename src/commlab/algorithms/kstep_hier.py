@@ -43,7 +43,7 @@ class KStepHier(KStepFamily):
     family = "periodic"
     host_sync_budget = SyncBudget({"local": 0, "reduction": 0})
     # groups of 2 where the world divides into them (local and global reductions apart from 4 workers)
-    quick_run = QuickRun({"local_period": 2, "period": 4},
+    quick_run = QuickRun({"k_local": 2, "k_global": 4},  # the paper's names, as the grids give them
                          by_workers=lambda workers: {"group_size": 2 if workers % 2 == 0 else 1})
     resume = ResumeState("the schedule's counts and the block momentum's anchor and velocity")
 
