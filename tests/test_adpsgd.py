@@ -10,16 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from commlab.algorithms.adpsgd import (
-    ADPSGD,
-    CPSGD,
-    AdaptiveSchedule,
-    cpsgd_syncs,
-    drift_growth,
-    rule_period,
-)
+from commlab.algorithms.adpsgd import ADPSGD, AdaptiveSchedule, drift_growth, rule_period
 from commlab.algorithms.averaging import average_and_probe
 from commlab.algorithms.base import parse_options
+from commlab.algorithms.cpsgd import CPSGD, cpsgd_syncs
 from commlab.core import Communicator
 from commlab.core.communicator import ring_allreduce_cost
 from commlab.core.runtime import rank_generator

@@ -18,8 +18,9 @@ import pytest
 import torch
 import yaml
 
-from commlab.algorithms.adpsgd import ADPSGD, AdaptiveSchedule, cpsgd_syncs, drift_growth
+from commlab.algorithms.adpsgd import ADPSGD, AdaptiveSchedule, drift_growth
 from commlab.algorithms.base import parse_options
+from commlab.algorithms.cpsgd import cpsgd_syncs
 from commlab.grid import load_grid_file, resolve_grid
 from commlab.loop.optim import lr_at
 

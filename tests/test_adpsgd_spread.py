@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from commlab.algorithms.adpsgd import cpsgd_syncs
+from commlab.algorithms.cpsgd import cpsgd_syncs
 from commlab.core.runtime import rank_generator
 from commlab.grid import resolve_grid
 from commlab.loop.optim import lr_at

@@ -24,11 +24,7 @@ from commlab.testing.quick import QUICK_PARAMS
 from looprun import run, run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-FAMILIES = {"ssgd": "dense", "ddp": "dense", "fp16": "quantised", "qsgd": "quantised", "powersgd": "low_rank",
-            "oktopk": "sparse", "topk_allgather": "sparse", "gaussiank": "sparse", "gtopk": "sparse",
-            "redsync": "sparse", "dgc": "sparse", "kstep": "periodic", "kstep_hier": "periodic",
-            "cpsgd": "periodic", "adpsgd": "periodic", "ssdsgd": "delayed", "odsgd": "delayed",
-            "asgd": "asynchronous"}
+FAMILIES = {name: ALGORITHMS.get(name).family for name in ALGORITHMS.names()}  # each method's declared family
 # The same model code, small: what each model runs with here (run-config overrides).
 NARROW = "{fc_width: 64}"
 TINY = {

@@ -4,7 +4,8 @@ distributed methods average what every rank sent, and the recorded bytes are the
 import pytest
 import torch
 
-from commlab.algorithms.qsgd import FP16, QSGD, QSGD_STREAM
+from commlab.algorithms.fp16 import FP16
+from commlab.algorithms.qsgd import QSGD, QSGD_STREAM
 from commlab.algorithms.ssgd import SynchronousSGD
 from commlab.compress.quantize import (
     QSGDQuantizer,

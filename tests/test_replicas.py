@@ -14,7 +14,7 @@ from torch import nn
 
 from commlab.registry import ALGORITHMS
 from commlab.testing import drive, run_distributed
-from commlab.testing.quick import QUICK_PARAMS
+from commlab.testing.quick import quick_params
 
 WORLD, STEPS = 4, 12
 
@@ -44,8 +44,7 @@ def _replicas(rank: int, world: int, methods: list[str]) -> dict[str, torch.Tens
     out = {}
     for method in methods:
         model = _model()
-        params = dict(QUICK_PARAMS.get(method, {}))
-        params.pop("group_size", None)  # groups of 2 ranks: the default, workers per node = 2
+        params = quick_params(method, world)  # kstep_hier: groups of 2 ranks
         if ALGORITHMS.get(method).forward_model is not ALGORITHMS.get("ssgd").forward_model:
             source = {"batches": _batches(rank)}  # DDP synchronises inside backward: real batches
         else:
@@ -59,7 +58,7 @@ def _replicas(rank: int, world: int, methods: list[str]) -> dict[str, torch.Tens
 
 def test_every_method_keeps_its_replicas_bitwise_equal():
     # the package's own methods (`commlab list`), not plugins another test registered in this process
-    methods = [m for m in ALGORITHMS.names() if ALGORITHMS.get(m).__module__.startswith("commlab.algorithms.")]
+    methods = ALGORITHMS.package_names()
     results = run_distributed(_replicas, WORLD, args=(methods,), timeout_s=300)
     drifted = [f"{m}: rank {r} differs in {int((results[r][m] != results[0][m]).sum())} of "
                f"{results[0][m].numel()} elements" for m in methods for r in range(1, WORLD)

@@ -2,9 +2,14 @@
 and re-launched again ends with the parameters, MLflow metrics and sentinel of an uninterrupted
 run, logged to one MLflow run with every step recorded once (docs/cluster.md, section 3; README, "Reproducibility").
 
-Runs ssgd and one method with algorithm state (residuals, thresholds, periods), the first of the
-stateful methods that is registered. Each job is a real `commlab launch` (torchrun, gloo) in its
-own process group, signalled from outside as SLURM does.
+Runs ssgd and one method of each family among those that declare state of their own which a
+resumed run restores exactly (``resume`` on the class: residuals, thresholds, periods, replicas;
+not ASGD, whose server applies pushes in the order the ranks' timing gives), with their short-run
+options (``quick_run``): Ok-Topk (residuals, thresholds, regions), QSGD (its random generator),
+PowerSGD (errors, factors, generator), ADPSGD (the rule's state and its decisions, logged at their
+own steps) and SSD-SGD (the global replica and its optimizer). Each is four launches of a real
+job (`commlab launch`: torchrun, gloo), each in its own process group, signalled from outside as
+SLURM does; one method per family keeps the suite's time.
 """
 
 import json
@@ -24,18 +29,15 @@ from commlab.testing.jobs import (
     wait_for,
     write_config,
 )
+from commlab.testing.quick import quick_params
 
 pytestmark = pytest.mark.slow
 
-STATEFUL = {  # method -> options small enough that the state changes within 48 steps
-    "oktopk": {"density": 0.05, "warmup_steps": 4, "local_recompute_every": 5, "global_recompute_every": 5,
-               "repartition_every": 7},
-    "ssdsgd": {},
-    "redsync": {"density": 0.05},
-    "adpsgd": {},
-    "kstep": {"k": 5},
-}
-STATEFUL_METHOD = next((m for m in STATEFUL if m in ALGORITHMS), None)
+# The package's methods with state of their own that a checkpoint restores bit for bit, and the
+# one of each family resumed here (the richest state of its family).
+STATEFUL = [name for name in ALGORITHMS.package_names()
+            if (resume := ALGORITHMS.get(name).resume) is not None and resume.state and not resume.inexact]
+ONE_PER_FAMILY = ["oktopk", "qsgd", "powersgd", "adpsgd", "ssdsgd"]
 STEPS_PER_EPOCH, EPOCHS = 16, 3  # 512 samples / (2 workers x batch 16)
 
 
@@ -48,7 +50,7 @@ def _log_every(method):
 
 def _config(path, out, method, **extra):
     return write_config(
-        path, paper="resume", name=method, method=method, method_params=STATEFUL.get(method, {}), seed=3,
+        path, paper="resume", name=method, method=method, method_params=quick_params(method, 2), seed=3,
         workers=2, model="mlp", dataset="synthetic", backend="gloo", timeout_s=60, output_dir=str(out),
         train={"epochs": EPOCHS, "batch_size": 16, "lr": 0.05, "momentum": 0.9, "train_subset": 512,
                "test_subset": 256, "log_every": _log_every(method)}, **extra,
@@ -76,10 +78,14 @@ def jobs():
         reap(job, timeout=10)
 
 
-@pytest.mark.parametrize("method", ["ssgd", pytest.param(STATEFUL_METHOD, id="stateful")])
+def test_one_method_of_each_family_with_state_is_resumed():
+    families = {ALGORITHMS.get(name).family: name for name in STATEFUL}
+    assert sorted(ALGORITHMS.get(name).family for name in ONE_PER_FAMILY) == sorted(families)
+    assert set(ONE_PER_FAMILY) <= set(STATEFUL)
+
+
+@pytest.mark.parametrize("method", ["ssgd", *ONE_PER_FAMILY])
 def test_killed_and_preempted_run_resumes_exactly(tmp_path, method, jobs):
-    if method is None:
-        pytest.skip(f"none of the stateful methods {sorted(STATEFUL)} is registered")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     from commlab.tracking import ensure_experiments
 

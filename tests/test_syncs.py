@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from commlab.bench.opcount import HostSyncCounter, TrafficCounter, sync_kind
-from commlab.bench.syncs import BUDGET, SPARSE, summarise
+from commlab.bench.syncs import budget, summarise
 from commlab.loop.loop import add_loss
-from commlab.registry import BENCHMARKS
+from commlab.registry import ALGORITHMS, BENCHMARKS
 
 
 def count(fn) -> HostSyncCounter:
@@ -112,22 +112,48 @@ def run_bench(tmp_path, *argv: str) -> dict[tuple[str, str], dict]:
 
 
 def test_every_method_keeps_its_host_sync_budget(tmp_path):
-    """Every registered method, 2 ranks, a small MLP, 5 steps after a 1-step warm-up. On random
-    batches the MLP's residuals grow fast, so every sparse Ok-Topk step corrects a threshold: its
-    recompute budget is checked here, its typical steps below."""
+    """Every registered method, 2 ranks, a small MLP, 5 steps after a 1-step warm-up, against the
+    budget its class declares. On random batches the MLP's residuals grow fast, so every sparse
+    Ok-Topk step corrects a threshold: its recompute budget is checked here, its typical steps below."""
     rows = run_bench(tmp_path, "--steps", "5")
-    for method, kinds in BUDGET.items():
-        for kind in kinds:
-            if (method, kind) != ("oktopk", "step"):
-                assert (method, kind) in rows, (method, kind)   # measured, not skipped
-    for method in ("ddp", "ssgd", "fp16", "powersgd"):
-        assert rows[(method, "step")]["max_syncs"] == 0
-    for method in ("kstep", "cpsgd", "adpsgd"):
-        assert rows[(method, "local")]["max_syncs"] == 0
-    for method in SPARSE:
-        if method != "oktopk":
-            assert 1 <= rows[(method, "step")]["max_syncs"] <= 8   # a sparse step reads at least one count
+    methods = ALGORITHMS.package_names()
+    assert {method for method, _ in rows} == set(methods)
+    for method in methods:
+        limits = budget(method)
+        assert limits, f"{method} declares no host-sync budget"
+        for kind, most in limits.items():
+            if (method, kind) == ("oktopk", "step"):
+                continue
+            row = rows[(method, kind)]   # measured, not skipped
+            assert row["budget"] == most and row["max_syncs"] <= most
+            # a budget above 0 is what the step needs: a sparse step reads at least one count,
+            # a periodic reduction that probes V reads V
+            assert most == 0 or row["max_syncs"] >= 1, (method, kind, row["max_syncs"])
     assert 4 <= rows[("oktopk", "recompute")]["max_syncs"] <= 16
+    # methods without a budget ("not declared") would have rows without a verdict
+    assert all(row["within_budget"] is not None for row in rows.values())
+
+
+def test_a_method_without_a_budget_is_reported_as_measured_with_its_reason(monkeypatch):
+    from commlab.algorithms.base import Algorithm, SyncBudget
+    from commlab.bench.syncs import unbudgeted_reason
+
+    class Undeclared(Algorithm):
+        pass
+
+    class Unbudgeted(Algorithm):
+        host_sync_budget = SyncBudget.none("every step waits for the network anyway")
+
+    known, real = {"undeclared": Undeclared, "unbudgeted": Unbudgeted}, ALGORITHMS.get
+    monkeypatch.setattr(ALGORITHMS, "get", lambda name: known.get(name) or real(name))  # not registered for good
+    for name in known:
+        records = [[[{"step": 1, "syncs": 3, "by_kind": {"read": 3}, "sites": {}, "cuda_syncs": None,
+                      "kind": "reduction"}]]]
+        [row] = summarise([{"name": name, "method": name, "params": {}}], records)
+        assert budget(name) is None and row["budget"] is None and row["within_budget"] is None
+    assert unbudgeted_reason("undeclared") == "not declared"
+    assert unbudgeted_reason("unbudgeted") == "every step waits for the network anyway"
+    assert unbudgeted_reason("ssgd") is None and budget("ssgd") == {"step": 0}
 
 
 def test_ok_topk_steps_without_a_recompute_keep_the_budget(tmp_path):

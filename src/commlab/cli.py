@@ -1,6 +1,6 @@
 """The ``commlab`` command (also ``python -m commlab``).
 
-    commlab list                                   registered methods, models, datasets, benchmarks
+    commlab list                                   registered methods (with their files), models, datasets, benchmarks
     commlab train --config run.yaml [key=value]    one experiment (under torchrun, or alone)
     commlab launch --config run.yaml               start its workers (torchrun / srun + torchrun)
     commlab data prepare fashion_mnist             prepare a dataset into data/prepared/
@@ -17,11 +17,23 @@ import sys
 from pathlib import Path
 
 
+def _method_file(cls: type) -> str:
+    """The file a method's class is defined in: relative to this folder when it is below it (a
+    checkout's src/commlab/algorithms/<name>.py), else its full path (an installed package, a plugin)."""
+    import inspect
+
+    path = Path(inspect.getfile(cls)).resolve()
+    return str(path.relative_to(Path.cwd().resolve())) if path.is_relative_to(Path.cwd().resolve()) else str(path)
+
+
 def _cmd_list(args) -> int:
     from commlab.registry import ALGORITHMS, BENCHMARKS, DATASETS, MODELS
 
-    for title, registry in (("methods", ALGORITHMS), ("models", MODELS), ("datasets", DATASETS),
-                            ("benchmarks", BENCHMARKS)):
+    print("methods:")
+    width = max(map(len, ALGORITHMS.names()), default=0)
+    for name in ALGORITHMS.names():
+        print(f"  {name:<{width}}  {_method_file(ALGORITHMS.get(name))}")
+    for title, registry in (("models", MODELS), ("datasets", DATASETS), ("benchmarks", BENCHMARKS)):
         print(f"{title}:")
         for name in registry.names():
             print(f"  {name}")

@@ -1,7 +1,8 @@
 """Name -> factory registries for methods, models, datasets and benchmarks.
 
-A new method is one module plus one ``@ALGORITHMS.register("name")`` line on its class; the package
-imports its modules on first lookup (no if/elif factories anywhere).
+A new method is one module, named after it, plus one ``@ALGORITHMS.register("name")`` line on its
+class (which declares its traits: :class:`commlab.algorithms.base.Algorithm`); the package imports
+its modules on first lookup (no if/elif factories anywhere).
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ class Registry:
     def names(self) -> list[str]:
         self._load()
         return sorted(self._entries)
+
+    def package_names(self) -> list[str]:
+        """The names the package's own modules register, without those of plugins (modules
+        outside it that a run config or a test imported into this process)."""
+        self._load()
+        return sorted(name for name, obj in self._entries.items()
+                      if getattr(obj, "__module__", "").startswith(self.package + "."))
 
     def __contains__(self, name: str) -> bool:
         self._load()

@@ -1,14 +1,15 @@
-"""Periodic parameter averaging with a constant (CPSGD) or adaptive (ADPSGD) period.
+"""ADPSGD: periodic parameter averaging with an adaptive period (Jiang & Agrawal, "Adaptive
+Periodic Averaging", arXiv 2007.06134).
 
-Implements ADPSGD (Jiang & Agrawal, "Adaptive Periodic Averaging", arXiv 2007.06134). No code was
-released. The abstract gives the principle: the variance of the parameters across nodes governs
-the convergence of periodic averaging, so under a fixed communication budget one synchronises
-often early, while that variance is large, and rarely later. The rule below is our
+No code was released. The abstract gives the principle: the variance of the parameters across
+nodes governs the convergence of periodic averaging, so under a fixed communication budget one
+synchronises often early, while that variance is large, and rarely later. The rule below is our
 reconstruction of it; what is ours rather than the paper's is listed at the end.
 
-Both methods are members of the periodic-averaging family (:mod:`commlab.algorithms.periodic`):
-local optimizer steps and, at a synchronisation, one allreduce of all parameters and floating
-buffers (and, with ``optimizer_state: average``, the optimizer's momentum), then the variance::
+A member of the periodic-averaging family (:mod:`commlab.algorithms.periodic`), averaging as its
+constant-period baseline CPSGD does (:mod:`commlab.algorithms.cpsgd`): local optimizer steps and,
+at a synchronisation, one allreduce of all parameters and floating buffers (and, with
+``optimizer_state: average``, the optimizer's momentum), then the variance::
 
     V = mean_i || x_i - x_bar ||^2      (sum over all parameters, mean over the P ranks)
 
@@ -16,17 +17,11 @@ with one extra scalar allreduce, part of the same global reduction: after the mo
 gives ``x_bar``, each rank computes ``||x_i - x_bar||^2`` from its own pre-average copy and the
 scalar is averaged.
 
-Their options use the family's names (:class:`~commlab.algorithms.periodic.FamilyOptions`):
+The options use the family's names (:class:`~commlab.algorithms.periodic.FamilyOptions`):
 ``buffers`` and ``optimizer_state`` (``average`` | ``keep_local``) and ``final_average``; the
 paper's ``average_buffers`` and ``average_momentum`` (true | false) are accepted as aliases.
-Every run logs ``schedule.kind`` (cpsgd: ``fixed``, adpsgd: ``adaptive``), ``schedule.period``
-and ``schedule.local_period`` (cpsgd: ``period``; adpsgd: its initial period) as params.
-
-``cpsgd``: the family's fixed schedule (the same as ``kstep``'s): averages after every
-``period``-th step (steps p-1, 2p-1, ...; torch's PeriodicModelAverager(period=p,
-warmup_steps=p-1) does the same arithmetic; with ``sync_at_first_step`` after steps 0, p, 2p, ...
-like warmup_steps=0). With ``final_average`` the last step also averages, so the evaluated model
-is the average. It logs ``period``, ``syncs`` and ``variance`` (the last synchronisation's).
+Every run logs ``schedule.kind`` (``adaptive``), ``schedule.period`` and
+``schedule.local_period`` (both its initial period) as params.
 
 ``adpsgd``, at each synchronisation (every constant an option):
 
@@ -82,9 +77,6 @@ communication; how a run keeps to a budget is ours).
 
 Usage (run config fragments)::
 
-    method: cpsgd
-    method_params: {period: 16}
-
     method: adpsgd
     method_params: {budget_period: 16}                 # initial period 8, calibrated target
     method_params: {budget_period: 16, target: lr2}    # the target follows lr^2 across decays
@@ -95,7 +87,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from commlab.algorithms.periodic import AveragingPolicy, FamilyOptions, FixedSchedule, PeriodicAveraging, Schedule
+from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
+from commlab.algorithms.cpsgd import cpsgd_syncs
+from commlab.algorithms.periodic import FamilyOptions, Schedule, VarianceAveraging
 from commlab.registry import ALGORITHMS
 
 TARGETS = ("calibrate", "lr2")
@@ -143,20 +137,6 @@ def rule_period(period: int, rate: float, target: float, drift, options) -> int:
             break
         chosen = candidate
     return chosen
-
-
-def cpsgd_syncs(period: int, total_steps: int, final_average: bool = True,
-                sync_at_first_step: bool = False) -> int:
-    """How many synchronisations CPSGD at ``period`` makes in ``total_steps`` steps."""
-    schedule = constant_schedule(period, total_steps, final_average, sync_at_first_step)
-    return sum(schedule.due(s) == "global" for s in range(total_steps))
-
-
-def constant_schedule(period: int, total_steps: int, final_average: bool = True,
-                      sync_at_first_step: bool = False) -> FixedSchedule:
-    """CPSGD's schedule: a global reduction after steps p-1, 2p-1, ... (or 0, p, 2p, ... with
-    ``sync_at_first_step``), and after the last step with ``final_average``."""
-    return FixedSchedule(period, period, total_steps, 0, "first" if sync_at_first_step else "last", final_average)
 
 
 def momentum_warmup(momentum: float) -> int:
@@ -320,42 +300,16 @@ class AdaptiveSchedule(Schedule):
         self.decisions = [tuple(d) for d in self.decisions]
 
 
-# ---- the methods --------------------------------------------------------------------------------
-class _VarianceAveraging(PeriodicAveraging):
-    """CPSGD and ADPSGD: average parameters, floating buffers and (optionally) the momentum, and
-    probe V at every synchronisation."""
-
-    def policy(self) -> AveragingPolicy:
-        o = self.options
-        return AveragingPolicy(buffers=o.buffers, optimizer_state=o.optimizer_state,
-                               probe_variance=getattr(o, "probe_variance", True))
-
-
-@ALGORITHMS.register("cpsgd")
-class CPSGD(_VarianceAveraging):
-    """Constant-period parameter averaging (plain K-step model averaging)."""
-
-    @dataclass
-    class Options(FamilyOptions):
-        """CPSGD's options (after the family's; aliases: :class:`FamilyOptions`)."""
-
-        period: int = 8  # steps between averages
-        sync_at_first_step: bool = False  # average after steps 0, p, 2p (torch warmup_steps=0)
-        probe_variance: bool = True  # measure V at each average (one extra scalar allreduce)
-
-        def validate(self) -> None:
-            super().validate()
-            if self.period < 1:
-                raise ValueError(f"period must be at least 1, got {self.period}")
-
-    def make_schedule(self) -> FixedSchedule:
-        o = self.options
-        return constant_schedule(o.period, self.ctx.total_steps, o.final_average, o.sync_at_first_step)
-
-
+# ---- the method ---------------------------------------------------------------------------------
 @ALGORITHMS.register("adpsgd")
-class ADPSGD(_VarianceAveraging):
+class ADPSGD(VarianceAveraging):
     """Adaptive-period parameter averaging driven by the measured parameter variance."""
+
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "periodic"
+    host_sync_budget = SyncBudget({"local": 0, "reduction": 1})  # a reduction reads V, which the rule decides on
+    quick_run = QuickRun({"initial_period": 2, "calibration_syncs": 2, "calibration_warmup": 2})
+    resume = ResumeState("the rule's period, target and calibration, and every decision taken")
 
     @dataclass
     class Options(FamilyOptions):

@@ -47,7 +47,7 @@ from collections import deque
 
 import torch
 
-from commlab.algorithms.base import Algorithm, NoOptions, StepInfo
+from commlab.algorithms.base import Algorithm, NoOptions, QuickRun, ResumeState, StepInfo, SyncBudget
 from commlab.algorithms.tensors import flat_grads, unflatten_into
 from commlab.core.communicator import Communicator
 from commlab.core.stats import CommStats
@@ -104,6 +104,13 @@ class AsynchronousSGD(Algorithm):
 
     Options = NoOptions
     comm_pattern = "parameter_server"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "asynchronous"
+    # Its steps mark no reduction (the bench's kind "local"); the push and the pull wait on the
+    # network, not on the device, and the server thread is not the step's.
+    host_sync_budget = SyncBudget({"local": 0})
+    quick_run = QuickRun()  # no options
+    resume = ResumeState("rank 0: the server's replica, its optimizer, version and staleness records",
+                         inexact="the server applies pushes in arrival order, which the ranks' timing decides")
 
     # ---- construction -----------------------------------------------------------------------
     def setup(self) -> None:

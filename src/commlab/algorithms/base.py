@@ -26,10 +26,16 @@ what the spec supplies):
 State that must survive a restart (residuals, thresholds, periods, replicas) goes through
 :meth:`state_dict` / :meth:`load_state_dict`; every rank saves its own.
 
-A method is one module in this package with a class like::
+A method is one module in this package, named after it, with a class like::
 
     @ALGORITHMS.register("mymethod")
     class MyMethod(Algorithm):
+        comm_pattern = "ring_allreduce"
+        family = "periodic"
+        host_sync_budget = SyncBudget({"local": 0})
+        quick_run = QuickRun({"period": 2})
+        resume = ResumeState("")
+
         @dataclass
         class Options:
             period: int = 4   # steps between averages
@@ -49,11 +55,21 @@ and runs in a test exactly as the loop runs it (on every rank of a gloo world)::
         return driven.comm.stats.totals()["reductions_global"]     # 2
 
     run_distributed(body, world_size=2)
+
+Every trait that code outside the method's file needs is declared on the method's own class
+(:class:`Algorithm` lists them), never in a table elsewhere: the cost model's pattern
+(``comm_pattern``), the method's family (``family``, one of :data:`FAMILIES`), the host-sync
+budget (:class:`SyncBudget`), the options of a short run (:class:`QuickRun`) and what a
+checkpoint holds (:class:`ResumeState`). Each defaults to None, "not declared", which
+tests/test_method_traits.py fails for every registered method, as it fails a trait inherited
+instead of declared: a method without a budget gives the reason, one without state says so.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import torch
@@ -64,13 +80,117 @@ from commlab.algorithms.tensors import flatten, unflatten_into
 from commlab.core.communicator import Communicator
 from commlab.options import parse_options
 
-__all__ = ["Algorithm", "MethodContext", "NoOptions", "OptimizerSettings", "StepInfo", "average_tensors",
-           "broadcast_model", "parse_options"]
+__all__ = ["FAMILIES", "Algorithm", "MethodContext", "NoOptions", "OptimizerSettings", "QuickRun", "ResumeState",
+           "StepInfo", "SyncBudget", "average_tensors", "broadcast_model", "parse_options"]
 
 
 @dataclass
 class NoOptions:
     """This method has no options."""
+
+
+# ---- the traits a method declares ----------------------------------------------------------------
+#: How a method saves communication, its ``family``: ``dense`` (every gradient, every step),
+#: ``quantised`` (fewer bits per element), ``low_rank`` (factors of each gradient matrix),
+#: ``sparse`` (a selection of the elements), ``periodic`` (model averages on a schedule),
+#: ``delayed`` (the global update runs behind local steps), ``asynchronous`` (a parameter server,
+#: no barrier). Tests pick one method of each family per model.
+FAMILIES = ("dense", "quantised", "low_rank", "sparse", "periodic", "delayed", "asynchronous")
+
+
+@dataclass(frozen=True)
+class SyncBudget:
+    """The most host syncs (calls that make the host wait for a CUDA device) one training step of
+    a method may make outside log points, per step kind, or why the method has no budget.
+    ``commlab bench syncs`` counts them and judges every method by its budget
+    (docs/performance.md, "Host-sync budget"); tests/test_syncs.py runs it on every method.
+
+    Args:
+        limits: step kind -> most syncs. The kinds are the benchmark's
+            (:data:`commlab.bench.syncs.STEP_KINDS`): ``step`` (a method that synchronises every
+            step), ``local`` / ``reduction`` (steps without and with a reduction), ``recompute``
+            (Ok-Topk's threshold recomputes).
+        unbudgeted: with no limits, why there are none; the method's rows are then reported as
+            measured, without a verdict.
+
+    Example::
+
+        host_sync_budget = SyncBudget({"step": 8, "recompute": 16})
+        host_sync_budget = SyncBudget.none("why no count would mean anything")
+    """
+
+    limits: Mapping[str, int] = field(default_factory=dict)
+    unbudgeted: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "limits", MappingProxyType(dict(self.limits)))  # shared by the class
+        bad = {kind: most for kind, most in self.limits.items()
+               if not isinstance(kind, str) or isinstance(most, bool) or not isinstance(most, int) or most < 0}
+        if bad:
+            raise ValueError(f"a sync budget maps step kinds to counts >= 0, got {bad}")
+        if bool(self.limits) == bool(self.unbudgeted.strip()):
+            raise ValueError("a sync budget gives limits per step kind, or (alone) the reason it has none")
+
+    @classmethod
+    def none(cls, reason: str) -> SyncBudget:
+        """No budget, for ``reason``."""
+        return cls({}, reason)
+
+
+@dataclass(frozen=True)
+class QuickRun:
+    """Options for a short run that still takes the method's main branch (sparse, compressed,
+    delayed, averaging) many times: 32 steps on generated data, where the papers' warm-ups and
+    periods would leave only the warm-up (:mod:`commlab.testing.quick`). The GPU suite, the
+    replica, precision and resume tests run every method with them.
+
+    Args:
+        params: method options over the defaults (``method_params``); empty when the defaults serve.
+        wide_model: the method reaches every branch only on large layers (``wide_mlp``), e.g. a
+            selector chosen by layer size.
+        by_workers: options that depend on the number of workers (a group size that must divide it).
+
+    Example::
+
+        quick_run = QuickRun({"warmup_steps": 4, "density": 0.02})
+        quick_run = QuickRun({"period": 4}, by_workers=lambda workers: {"group_size": 2 if workers % 2 == 0 else 1})
+    """
+
+    params: Mapping[str, Any] = field(default_factory=dict)
+    wide_model: bool = False
+    by_workers: Callable[[int], dict] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))  # shared by the class
+
+    def options(self, workers: int = 1) -> dict:
+        """The method's options for a short run on ``workers`` workers (a new dict)."""
+        return {**self.params, **(self.by_workers(workers) if self.by_workers else {})}
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """What a method's own checkpoint holds (:meth:`Algorithm.state_dict`) and whether a run
+    resumed from it ends bit for bit as the uninterrupted run. tests/test_resume.py kills and
+    resumes a method of each family among those that hold state and resume exactly;
+    tests/test_method_traits.py checks that what a method says it holds matches what it saves.
+
+    Args:
+        state: the method's state, in words; "" when the model and the loop's optimizer are all.
+        inexact: why a resumed run cannot end bit for bit as the uninterrupted one ("": it does).
+
+    Example::
+
+        resume = ResumeState("")                                  # nothing of its own
+        resume = ResumeState("the residuals and the thresholds")
+    """
+
+    state: str
+    inexact: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.state, str) or not isinstance(self.inexact, str):
+            raise ValueError(f"ResumeState takes words: got state={self.state!r}, inexact={self.inexact!r}")
 
 
 class Algorithm:
@@ -87,9 +207,19 @@ class Algorithm:
     """
 
     Options: type = NoOptions
+
+    # ---- declared traits: each registered class sets every one in its own body (None: not declared)
     #: The communication pattern whose formula the cost model applies to this method's measured
     #: volume: a key of :data:`commlab.bench.costmodel.PATTERNS` ("ring_allreduce", "allgather", ...).
     comm_pattern: str | None = None
+    #: How the method saves communication: one of :data:`FAMILIES`.
+    family: str | None = None
+    #: The most host syncs per training step, by step kind, or why there is no budget.
+    host_sync_budget: SyncBudget | None = None
+    #: The options of a short run that reaches the method's main branch.
+    quick_run: QuickRun | None = None
+    #: What the method's checkpoint holds, and whether a resumed run is exact.
+    resume: ResumeState | None = None
 
     def __init__(self, model: nn.Module, comm: Communicator, options: Any, ctx: MethodContext):
         self.model = model

@@ -1,37 +1,25 @@
-"""PyTorch DistributedDataParallel: the external reference for dense synchronous SGD, plain and
-with its gradient compression hooks.
+"""PyTorch DistributedDataParallel: the external reference for dense synchronous SGD.
 
-``ddp``: DDP allreduces gradients inside backward with its own buckets and hooks, so the
-Communicator does not see its collectives; their cost is the same ring allreduce of every
-gradient, and this module records exactly that (one ring allreduce of all parameters per step) so
-that the bytes axis of the reports compares like with like.
+DDP allreduces gradients inside backward with its own buckets and hooks, so the Communicator
+does not see its collectives; their cost is the same ring allreduce of every gradient, and this
+module records exactly that (one ring allreduce of all parameters per step) so that the bytes
+axis of the reports compares like with like. Its compressed forms, ``ddp_bf16`` and
+``ddp_fp16``, run their hook's allreduce through the Communicator instead
+(:mod:`commlab.algorithms.compressed_ddp`).
 
-``ddp_bf16`` and ``ddp_fp16``: DDP with a communication hook that does what torch's
-``bf16_compress_hook`` / ``fp16_compress_hook`` do (``torch.distributed.algorithms.ddp_comm_hooks.
-default_hooks``), bucket by bucket::
-
-    wire = bucket.to(bfloat16 | float16).div_(P)     # cast, then pre-divide in the wire dtype
-    allreduce(wire, sum)                             # summed in the wire dtype
-    bucket.copy_(wire)                               # back to float32: the averaged gradient
-
-The strongest dense baselines: DDP's buckets and overlap with backward, half the bytes. The hook
-runs its allreduce through the Communicator (``comm.all_reduce_async``, whose work's future DDP
-waits on), so the bytes are counted as sent, 2 per element; methods never import
-torch.distributed, which torch's own hook function lives in. It is torch's hook arithmetic, step for
-step: tests/test_ddp_compressed.py checks it against torch's ``bf16_compress_hook`` bit for bit.
-One step is one global reduction.
+Invariants: one step is one global reduction; every rank applies the same averaged gradient, so
+the replicas stay bitwise equal; buffers (BatchNorm statistics) stay each rank's own, as in ``ssgd``.
 """
 
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.base import Algorithm, QuickRun, ResumeState, StepInfo, SyncBudget
 from commlab.core.costs import ring_allreduce_cost, ring_allreduce_messages
 from commlab.registry import ALGORITHMS
 
@@ -48,6 +36,10 @@ class DDP(Algorithm):
     """Wrap the model in DistributedDataParallel; the loop runs forward/backward on the wrapper."""
 
     comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "dense"
+    host_sync_budget = SyncBudget({"step": 0})
+    quick_run = QuickRun()  # its defaults take its one branch
+    resume = ResumeState("")  # nothing of its own: the model and the loop's optimizer
 
     @dataclass
     class Options:
@@ -84,50 +76,3 @@ class DDP(Algorithm):
         self.comm.stats.record("ddp_all_reduce", "global", sent, recv, self._esize, 0.0,
                                ring_allreduce_messages(n, p, i, self._esize))
         self.comm.stats.add_reduction("global")
-
-
-class CompressedDDP(DDP):
-    """DDP whose buckets are allreduced in ``wire_dtype`` through the Communicator (the module
-    docstring has the arithmetic).
-
-    Example (on every rank of a gloo world)::
-
-        driven = drive("ddp_bf16", None, model=model, steps=1, batches=batches)
-        driven.comm.stats.totals()["bytes_sent"]    # the initial broadcast, then 2 bytes per element
-    """
-
-    wire_dtype: ClassVar[torch.dtype]
-
-    def setup(self) -> None:
-        super().setup()
-        self._ddp.register_comm_hook(None, self._compressed_allreduce)
-
-    def _compressed_allreduce(self, state, bucket):
-        """DDP's communication hook (named arguments as DDP checks them; no annotations)."""
-        buffer = bucket.buffer()
-        wire = buffer.to(self.wire_dtype).div_(self.comm.size)
-        pending = self.comm.all_reduce_async(wire, op="sum")
-
-        def decompress(future):
-            buffer.copy_(future.value()[0])
-            return buffer
-
-        return pending.work.get_future().then(decompress)
-
-    def after_backward(self, info: StepInfo) -> None:
-        # The hook's allreduces were counted as they ran inside backward; the step is one reduction.
-        self.comm.stats.add_reduction("global")
-
-
-@ALGORITHMS.register("ddp_bf16")
-class DDPBF16(CompressedDDP):
-    """DDP with bfloat16 gradient buckets on the wire (torch's ``bf16_compress_hook``)."""
-
-    wire_dtype = torch.bfloat16
-
-
-@ALGORITHMS.register("ddp_fp16")
-class DDPFP16(CompressedDDP):
-    """DDP with float16 gradient buckets on the wire (torch's ``fp16_compress_hook``)."""
-
-    wire_dtype = torch.float16

@@ -18,6 +18,7 @@ Launch::
 
 from __future__ import annotations
 
+from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
 from commlab.algorithms.redsync import CompressionOptions, RedSync
 from commlab.registry import ALGORITHMS
 
@@ -25,6 +26,12 @@ from commlab.registry import ALGORITHMS
 @ALGORITHMS.register("dgc")
 class DGC(RedSync):
     """RedSync with exact top-k on every compressed layer and no quantised variant."""
+
+    comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "sparse"
+    host_sync_budget = SyncBudget({"step": 8})
+    quick_run = QuickRun({"density": 0.01}, wide_model=True)  # wide layers: above dense_at_most, compressed
+    resume = ResumeState("the momentum-corrected residuals u and v and the totals")
 
     Options = CompressionOptions
 

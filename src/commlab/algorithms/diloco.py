@@ -67,6 +67,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
 from commlab.algorithms.context import OptimizerSettings
 from commlab.algorithms.periodic import AveragingPolicy, FamilyOptions, FixedSchedule, PeriodicAveraging
 from commlab.algorithms.tensors import flatten
@@ -280,6 +281,12 @@ class DiLoCo(PeriodicAveraging):
         driven.comm.stats.totals()["reductions_global"]     # after steps 3 and 7: 2
     """
 
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "periodic"
+    host_sync_budget = SyncBudget({"local": 0, "reduction": 0})
+    quick_run = QuickRun({"period": 4})
+    resume = ResumeState("the anchor (the global model), the outer optimizer's state and the schedule's counts")
+
     Options = DiLoCoOptions
 
     def make_schedule(self) -> FixedSchedule:
@@ -309,10 +316,10 @@ class DiLoCo(PeriodicAveraging):
         buffers = [buffer for buffer in self.model.buffers() if buffer.dtype.is_floating_point]
         return [Fragment(0, list(self.model.parameters()), self.anchors, buffers)]
 
-    def _reduce(self, comm: Communicator, probe_numel: int) -> None:
-        """The family's global reduction, here an outer step (the schedule calls it)."""
-        self._variance = None  # the family's variance probe: not measured here
-        with comm.reduction():
+    def global_reduction(self) -> None:
+        """The family's global reduction, here an outer step (the schedule calls it); the
+        family's variance V is not measured."""
+        with self.comm.reduction():
             exchange = self.sync.launch(self.fragments[0], self._steps - 1, blocking=True)
         self.sync.apply(exchange, alpha=0.0)
 

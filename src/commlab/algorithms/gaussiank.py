@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
 from commlab.compress.gaussiank import GaussianOptions, gaussian_select
 from commlab.core.sparse import allgatherv_pairs, reduce_pairs
@@ -25,6 +26,10 @@ class GaussianK(SparseAlgorithm):
     """Gaussian-fit threshold selection, allgatherv, average."""
 
     comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "sparse"
+    host_sync_budget = SyncBudget({"step": 8})
+    quick_run = QuickRun({"warmup_steps": 4, "density": 0.02})
+    resume = ResumeState("the residuals and the selection's totals")
 
     @dataclass
     class Options(SparseOptions):

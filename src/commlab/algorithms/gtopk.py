@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
 from commlab.compress.base import index_dtype
 from commlab.compress.topk import exact_topk
@@ -72,6 +73,10 @@ class GlobalTopk(SparseAlgorithm):
     """Tree-reduced global top-k, broadcast from rank 0."""
 
     comm_pattern = "tree"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "sparse"
+    host_sync_budget = SyncBudget({"step": 8})
+    quick_run = QuickRun({"warmup_steps": 4, "density": 0.02})
+    resume = ResumeState("the residuals and the selection's totals")
 
     @dataclass
     class Options(SparseOptions):

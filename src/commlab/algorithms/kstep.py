@@ -4,15 +4,13 @@ Cong, Yang, Zhou, "Reducing global reductions in large-scale distributed trainin
 Workshops; lineage K-AVG (Zhou & Cong, IJCAI 2018). No public code exists: what follows is our
 reading (a reconstruction), and every choice in it is an option, logged with the run.
 
-Two methods:
+Two methods, this module's ``kstep`` and its hierarchical form ``kstep_hier``
+(:mod:`commlab.algorithms.kstep_hier`), which shares this module's options and family class:
 
 * ``kstep``: every worker takes local optimizer steps (the run's ``train.optimizer``: SGD,
   momentum SGD or Adam) and every ``period`` (the paper's K) steps the models are averaged over
   the world (one global reduction). ``period = 1`` is synchronous model averaging.
-* ``kstep_hier``: workers form consecutive groups of ``group_size`` (one group per node by
-  default); every ``local_period`` steps the model is averaged inside the group (a local
-  reduction), every ``period = H * local_period`` steps over the world (a global reduction, which
-  replaces the local one due at the same step, as torch's HierarchicalModelAverager does).
+* ``kstep_hier``: local reductions inside groups of workers between the global ones.
 
 The option names are the family's (torch's model_averaging vocabulary, see
 :mod:`commlab.algorithms.periodic`); the paper's names are aliases that configs and grids may
@@ -45,12 +43,13 @@ Reconstructed choices and where they may deviate from the paper:
   global reduction would give, whose averaging traffic is evaluation and is not counted (so its
   accuracies between reductions come one uncounted reduction early).
 * Reduction momentum acts on global reductions only; local reductions are plain averages.
-* A group of the whole world makes every local reduction a global one (counted as global); a
-  group of one worker makes them no-ops.
 
-Launch (6 CPU workers): ``torchrun --standalone --nproc-per-node 6 -m commlab train
---config run.yaml method=kstep_hier method_params.group_size=2 method_params.local_period=4
-method_params.period=32 method_params.momentum=0.5``.
+Invariants: the reduction steps depend only on the step count, so every rank reduces at the same
+steps; after a global reduction every replica holds the same parameters (and, with block
+momentum, the same anchor and velocity).
+
+Launch (4 CPU workers): ``torchrun --standalone --nproc-per-node 4 -m commlab train
+--config run.yaml method=kstep method_params.period=16 method_params.momentum=0.5``.
 """
 
 from __future__ import annotations
@@ -59,9 +58,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from commlab.algorithms.averaging import PHASES, ReductionMomentum
+from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
 from commlab.algorithms.periodic import AveragingPolicy, FamilyOptions, FixedSchedule, PeriodicAveraging
-from commlab.core.communicator import Communicator
-from commlab.core.runtime import node_groups
 from commlab.options import Alias
 from commlab.registry import ALGORITHMS
 
@@ -96,7 +94,7 @@ class AveragingOptions(FamilyOptions):
             raise ValueError("nesterov=True needs momentum > 0, got momentum=0")
 
 
-class _KStepFamily(PeriodicAveraging):
+class KStepFamily(PeriodicAveraging):
     """What ``kstep`` and ``kstep_hier`` share: their policy, warm-up and block momentum options."""
 
     def periods(self) -> tuple[int, int]:
@@ -120,8 +118,14 @@ class _KStepFamily(PeriodicAveraging):
 
 
 @ALGORITHMS.register("kstep")
-class KStep(_KStepFamily):
+class KStep(KStepFamily):
     """K-step averaging: a global model average every ``period`` local steps."""
+
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "periodic"
+    host_sync_budget = SyncBudget({"local": 0, "reduction": 0})
+    quick_run = QuickRun({"k": 4})  # the paper's name, as the grids give it (a grid's k is replaced)
+    resume = ResumeState("the schedule's counts and the block momentum's anchor and velocity")
 
     @dataclass
     class Options(AveragingOptions):
@@ -138,45 +142,3 @@ class KStep(_KStepFamily):
 
     def periods(self) -> tuple[int, int]:
         return self.options.period, self.options.period
-
-
-@ALGORITHMS.register("kstep_hier")
-class KStepHier(_KStepFamily):
-    """Local reductions inside groups every ``local_period`` steps, global ones every ``period``."""
-
-    @dataclass
-    class Options(AveragingOptions):
-        """Hierarchical K-step's options; ``k_local`` and ``k_global`` are aliases of
-        ``local_period`` and ``period`` (and :class:`FamilyOptions`'s)."""
-
-        ALIASES: ClassVar[dict[str, Alias]] = {**AveragingOptions.ALIASES, "k_local": Alias("local_period"),
-                                               "k_global": Alias("period")}
-
-        group_size: int = 0  # workers per local group; 0 = workers per node
-        local_period: int = 4  # steps between local (group) reductions, the paper's K_l
-        period: int = 16  # steps between global reductions, a multiple of local_period (the paper's K_g)
-
-        def validate(self) -> None:
-            super().validate()
-            if self.group_size < 0:
-                raise ValueError(f"group_size must be >= 0 (0: workers per node), got {self.group_size}")
-            if self.local_period < 1:
-                raise ValueError(f"local_period must be >= 1, got {self.local_period}")
-            if self.period < 1 or self.period % self.local_period:
-                raise ValueError(
-                    f"period must be a positive multiple of local_period={self.local_period}, got {self.period}")
-
-    def periods(self) -> tuple[int, int]:
-        return self.options.local_period, self.options.period
-
-    def local_comm(self) -> Communicator | None:
-        world = self.comm.size
-        size = self.options.group_size or self.ctx.workers_per_node
-        if size < 1 or world % size:
-            raise ValueError(f"group_size {size} must divide the world size {world}")
-        if size == 1:
-            return None  # a group of one: local reductions are no-ops
-        if size == world:
-            return self.comm  # the group is the world: its reductions are global ones
-        group, _ = node_groups(size, world)
-        return self.comm.subgroup(group)

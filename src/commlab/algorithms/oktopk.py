@@ -77,6 +77,7 @@ from dataclasses import dataclass
 
 import torch
 
+from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseOptions, SparseUpdate
 from commlab.compress.bounded import (
     SEARCH_ROUNDS,
@@ -127,6 +128,11 @@ class OkTopk(SparseAlgorithm):
     """Ok-Topk sparse allreduce with residuals, threshold reuse and balanced regions."""
 
     comm_pattern = "oktopk"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "sparse"
+    host_sync_budget = SyncBudget({"step": 8, "recompute": 16})
+    quick_run = QuickRun({"warmup_steps": 4, "density": 0.02, "local_recompute_every": 5, "global_recompute_every": 5,
+                          "repartition_every": 7})  # thresholds and regions change within a few dozen steps
+    resume = ResumeState("the residuals, the local and global thresholds and the regions' boundaries")
 
     @dataclass
     class Options(SparseOptions):

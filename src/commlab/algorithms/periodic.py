@@ -1,6 +1,7 @@
 """One family for the methods that average models on a schedule (Cong et al., ICPP'19; Jiang & Agrawal, 2020):
 K-step averaging and its hierarchical form (``kstep``, ``kstep_hier``), constant-period averaging
-(``cpsgd``) and adaptive periodic averaging (``adpsgd``).
+(``cpsgd``), adaptive periodic averaging (``adpsgd``) and DiLoCo (``diloco``, ``streaming_diloco``),
+each in a module of its own name.
 
 They share everything but the schedule, and one vocabulary, torch's model_averaging's:
 ``period`` (steps between global reductions), ``local_period`` (between local ones),
@@ -22,7 +23,12 @@ world average) are hooks here that the other methods leave off.
 
 A new schedule is one :class:`Schedule` subclass (``due``; ``after_sync`` if it learns from the
 variance), and a new method of the family one subclass of :class:`PeriodicAveraging` naming its
-schedule and policy.
+schedule and policy; one whose global reduction is not a plain average (DiLoCo's outer step)
+overrides :meth:`PeriodicAveraging.global_reduction`.
+
+Invariants: every rank takes the same decisions (the schedule reads only the step, the lr and V,
+which comes from an allreduce), so the reductions line up across ranks; after a global reduction
+every replica holds the same parameters.
 """
 
 from __future__ import annotations
@@ -150,15 +156,21 @@ class FixedSchedule(Schedule):
         return None
 
 
+def constant_schedule(period: int, total_steps: int, final_average: bool = True,
+                      sync_at_first_step: bool = False) -> FixedSchedule:
+    """One constant period (CPSGD's schedule): a global reduction after steps p-1, 2p-1, ... (or
+    0, p, 2p, ... with ``sync_at_first_step``), and after the last step with ``final_average``."""
+    return FixedSchedule(period, period, total_steps, 0, "first" if sync_at_first_step else "last", final_average)
+
+
 class PeriodicAveraging(Algorithm):
     """Local steps, then model reductions when the schedule says (see the module docstring).
 
     Subclasses define :meth:`make_schedule` and :meth:`policy`; hierarchical methods also
-    :meth:`local_comm`, and methods with block momentum :meth:`block_momentum`. A method whose
-    options have ``warmup_steps`` runs that many synchronous steps first (gradients allreduced,
-    one global reduction each)."""
-
-    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    :meth:`local_comm`, methods with block momentum :meth:`block_momentum`, and methods whose
+    global reduction is more than an average :meth:`global_reduction`. A method whose options have
+    ``warmup_steps`` runs that many synchronous steps first (gradients allreduced, one global
+    reduction each)."""
 
     def make_schedule(self) -> Schedule:
         raise NotImplementedError
@@ -209,22 +221,31 @@ class PeriodicAveraging(Algorithm):
             return
         scope = self.schedule.due(s)
         if scope == "global":
-            self._reduce(self.comm, self.probe_numel)
+            variance = self.global_reduction()
             if self.block is not None:
                 self.block.apply()
-            self.schedule.after_sync(s, self._variance, info.lr)
+            self.schedule.after_sync(s, variance, info.lr)
         elif scope == "local" and self.group_comm is not None:
-            self._reduce(self.group_comm, 0)
+            self._average(self.group_comm, 0)
+
+    def global_reduction(self) -> float | None:
+        """What a global reduction does, after the step the schedule names: here the policy's
+        tensors averaged over the world (one allreduce per dtype, one counted reduction), and
+        the parameter variance V measured before the average when the policy probes it.
+        Returns V, or None when it is not measured. Collective: every rank calls it at the same step."""
+        return self._average(self.comm, self.probe_numel)
 
     def run_params(self) -> dict[str, Any]:
         s = self.schedule
         return {"schedule.kind": s.kind, "schedule.period": s.initial_period, "schedule.local_period": s.local_period}
 
-    def _reduce(self, comm: Communicator, probe_numel: int) -> None:
+    def _average(self, comm: Communicator, probe_numel: int) -> float | None:
+        """One reduction over ``comm``: the policy's tensors averaged; V of the first
+        ``probe_numel`` elements (0: not measured, None)."""
         policy = self.policy()
         tensors = sync_tensors(self.model, self.optimizer, policy.buffers, policy.optimizer_state)
         with comm.reduction():
-            self._variance = average_and_probe(tensors, comm, probe_numel)
+            return average_and_probe(tensors, comm, probe_numel)
 
     # ---- evaluation, metrics, checkpoints -----------------------------------------------------
     @property
@@ -250,3 +271,14 @@ class PeriodicAveraging(Algorithm):
             self.block.load_state_dict(state["block"])
         if "schedule" in state:
             self.schedule.load_state_dict(state["schedule"])
+
+
+class VarianceAveraging(PeriodicAveraging):
+    """The policy of CPSGD and ADPSGD: a reduction averages the parameters, the floating buffers
+    and (``optimizer_state: average``) the momentum, as their options say, and every global
+    reduction measures V (unless the options turn ``probe_variance`` off)."""
+
+    def policy(self) -> AveragingPolicy:
+        options = self.options
+        return AveragingPolicy(buffers=options.buffers, optimizer_state=options.optimizer_state,
+                               probe_variance=getattr(options, "probe_variance", True))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.base import Algorithm, QuickRun, ResumeState, StepInfo, SyncBudget
 from commlab.algorithms.tensors import flatten, grads_of, write_grads
 from commlab.registry import ALGORITHMS
 
@@ -63,6 +63,10 @@ class PowerSGD(Algorithm):
     """Rank-r PowerSGD with error feedback and warm start; dense allreduce for the first steps."""
 
     comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "low_rank"
+    host_sync_budget = SyncBudget({"step": 0})
+    quick_run = QuickRun({"warmup_steps": 4, "rank": 2})
+    resume = ResumeState("the error feedback, the warm-started factors Q and the random generator")
 
     @dataclass
     class Options:

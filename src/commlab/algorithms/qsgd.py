@@ -1,18 +1,17 @@
-"""Quantised-gradient baselines of the ADPSGD comparison (Jiang & Agrawal, arXiv 2007.06134): QSGD and fp16.
+"""QSGD, a quantised-gradient baseline of the ADPSGD comparison (Jiang & Agrawal, arXiv 2007.06134;
+Alistarh et al., "QSGD", NeurIPS 2017).
 
-``qsgd``: every step each rank quantises its flat gradient with QSGD (stochastic rounding to
-``s`` levels per bucket norm, ``bits`` per element; :mod:`commlab.compress.quantize`), then all
-ranks all-gather the packed integer codes (uint8; two 4-bit or four 2-bit codes per byte) and
-the float32 bucket norms, decode every rank's message, own included, and average them in rank
-order, so every replica applies the same gradient. Nothing is summed in the quantised domain,
-so what the Communicator records is exactly what is sent: ``(P - 1) * message_bytes(n)`` per
-rank and step (ring all-gather). Random draws come from ``rank_generator(seed, rank, stream)``.
+Every step each rank quantises its flat gradient with QSGD (stochastic rounding to ``s`` levels
+per bucket norm, ``bits`` per element; :mod:`commlab.compress.quantize`), then all ranks
+all-gather the packed integer codes (uint8; two 4-bit or four 2-bit codes per byte) and the
+float32 bucket norms, decode every rank's message, own included, and average them in rank order,
+so every replica applies the same gradient. Nothing is summed in the quantised domain, so what
+the Communicator records is exactly what is sent: ``(P - 1) * message_bytes(n)`` per rank and
+step (ring all-gather). Random draws come from ``rank_generator(seed, rank, stream)``. The other
+baseline of that comparison, the float16 allreduce, is ``fp16`` (:mod:`commlab.algorithms.fp16`).
 
-``fp16``: the dense allreduce of SSGD (bucketed and started during backward, as ``ssgd``) with
-the gradient pre-divided by P (as torch's fp16_compress_hook does, so the fp16 sum stays in
-range) and cast to float16 on the wire: half the bytes of the float32 allreduce.
-
-One step is one global reduction for both.
+Invariants: one step is one global reduction; every rank decodes the same messages in the same
+order, so the replicas stay bitwise equal.
 """
 
 from __future__ import annotations
@@ -21,10 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.algorithms.ssgd import SynchronousSGD
+from commlab.algorithms.base import Algorithm, QuickRun, ResumeState, StepInfo, SyncBudget
 from commlab.algorithms.tensors import flat_grads, write_grads
-from commlab.compress.quantize import NORMS, QSGDQuantizer, default_levels, from_fp16, to_fp16
+from commlab.compress.quantize import NORMS, QSGDQuantizer, default_levels
 from commlab.core.runtime import rank_generator
 from commlab.registry import ALGORITHMS
 
@@ -36,6 +34,10 @@ class QSGD(Algorithm):
     """All-gather QSGD-quantised gradients, decode and average them every step."""
 
     comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "quantised"
+    host_sync_budget = SyncBudget({"step": 0})
+    quick_run = QuickRun()  # its defaults take its one branch
+    resume = ResumeState("the stochastic rounding's random generator")
 
     @dataclass
     class Options:
@@ -85,17 +87,3 @@ class QSGD(Algorithm):
     def load_state_dict(self, state: dict) -> None:
         if "generator" in state:
             self.generator.set_state(state["generator"])
-
-
-@ALGORITHMS.register("fp16")
-class FP16(SynchronousSGD):
-    """SSGD's bucketed allreduce, overlapped with backward the same way (same buckets and options),
-    of the gradient pre-divided by P and cast to float16."""
-
-    wire_op = "sum"
-
-    def encode(self, flat: torch.Tensor) -> torch.Tensor:
-        return to_fp16(flat / self.comm.size)
-
-    def decode(self, wire: torch.Tensor, flat: torch.Tensor) -> None:
-        flat.copy_(from_fp16(wire, flat.dtype))

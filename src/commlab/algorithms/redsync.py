@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from commlab.algorithms.base import Algorithm, OptimizerSettings, StepInfo
+from commlab.algorithms.base import Algorithm, OptimizerSettings, QuickRun, ResumeState, StepInfo, SyncBudget
 from commlab.compress.base import index_dtype, k_for_density
 from commlab.compress.binary_search import BinarySearchSelector
 from commlab.core.sparse import allgatherv_pairs, reduce_pairs
@@ -148,6 +148,12 @@ class RedSync(Algorithm):
     """Momentum-corrected residual compression with RedSync's selectors (see the module notes)."""
 
     comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "sparse"
+    host_sync_budget = SyncBudget({"step": 8})
+    # wide layers: each size policy's selector (binary search above 1M elements, trimmed top-k above 100k)
+    quick_run = QuickRun({"density": 0.01, "binary_search_above": 1_000_000, "trimmed_topk_above": 100_000},
+                         wide_model=True)
+    resume = ResumeState("the momentum-corrected residuals u and v, the selectors' state and the totals")
 
     Options = RedSyncOptions
 

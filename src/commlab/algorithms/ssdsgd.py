@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from commlab.algorithms.base import Algorithm, OptimizerSettings, StepInfo
+from commlab.algorithms.base import Algorithm, OptimizerSettings, QuickRun, ResumeState, StepInfo, SyncBudget
 from commlab.algorithms.local_compensation import GLU_READINGS, LOCAL_RULES, build_rule
 from commlab.algorithms.tensors import flatten, grad_buckets, restore_into, unflatten_into
 from commlab.core.clock import Span
@@ -403,12 +403,24 @@ class DelayedGlobalSGD(Algorithm):
 class OneStepDelaySGD(DelayedGlobalSGD):
     """OD-SGD: the local replica is refreshed from the global one every step (k = 1)."""
 
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "delayed"
+    host_sync_budget = SyncBudget({"step": 1})  # a refresh reads its distance (a metric)
+    quick_run = QuickRun({"warmup_steps": 4})
+    resume = ResumeState("the global replica with its optimizer and gradients, the local rule's state, the versions")
+
     Options = DelayedOptions
 
 
 @ALGORITHMS.register("ssdsgd")
 class SeveralStepsDelaySGD(DelayedGlobalSGD):
     """SSD-SGD: the local replica is refreshed from the global one every k steps."""
+
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "delayed"
+    host_sync_budget = SyncBudget({"step": 1})  # a refresh reads its distance (a metric)
+    quick_run = QuickRun({"warmup_steps": 4, "k": 2})
+    resume = ResumeState("the global replica with its optimizer and gradients, the local rule's state, the versions")
 
     @dataclass
     class Options(DelayedOptions):

@@ -35,7 +35,7 @@ from functools import partial
 
 import torch
 
-from commlab.algorithms.base import Algorithm, StepInfo
+from commlab.algorithms.base import Algorithm, QuickRun, ResumeState, StepInfo, SyncBudget
 from commlab.algorithms.tensors import flat_grads, grad_buckets, write_grads
 from commlab.core.communicator import Pending
 from commlab.registry import ALGORITHMS
@@ -97,6 +97,10 @@ class SynchronousSGD(Algorithm):
     """Average gradients every step with bucketed dense allreduces started during backward."""
 
     comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "dense"
+    host_sync_budget = SyncBudget({"step": 0})
+    quick_run = QuickRun()  # its defaults take its one branch
+    resume = ResumeState("")  # nothing of its own: the model and the loop's optimizer
 
     @dataclass
     class Options:

@@ -57,7 +57,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from commlab.algorithms.base import StepInfo
+from commlab.algorithms.base import QuickRun, ResumeState, StepInfo, SyncBudget
 from commlab.algorithms.diloco import DiLoCo, DiLoCoOptions, Exchange, Fragment, OuterSync
 from commlab.options import Alias
 from commlab.registry import ALGORITHMS
@@ -125,6 +125,12 @@ class StreamingDiLoCo(DiLoCo):
                        steps=16, batches=batches)
         driven.algo.metrics()["fragment0_bytes_sent"]    # what fragment 0's allreduces sent
     """
+
+    comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "periodic"
+    host_sync_budget = SyncBudget({"local": 0, "reduction": 0})
+    quick_run = QuickRun({"period": 4, "fragments": 2, "delay": 1})
+    resume = ResumeState("DiLoCo's anchor and outer optimizer, the fragment allreduce in flight, bytes per fragment")
 
     @dataclass
     class Options(DiLoCoOptions):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
 from commlab.algorithms.sparse_common import SparseAlgorithm, SparseUpdate
 from commlab.compress.topk import exact_topk
 from commlab.core.sparse import allgatherv_pairs, reduce_pairs
@@ -23,6 +24,10 @@ class TopkAllgather(SparseAlgorithm):
     """Exact local top-k, allgather, average."""
 
     comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
+    family = "sparse"
+    host_sync_budget = SyncBudget({"step": 8})
+    quick_run = QuickRun({"warmup_steps": 4, "density": 0.02})
+    resume = ResumeState("the residuals and the selection's totals")
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         with self.selecting() as box:

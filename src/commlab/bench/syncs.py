@@ -18,9 +18,10 @@ without and with a model average), ``recompute`` (Ok-Topk steps that recompute a
 re-split the regions: on the rank that did, since a local threshold is a rank's own). A count
 is the largest over ranks and over steps of that kind; ``rank-steps`` says how many there were.
 
-Budget (outside log points): 0 for ddp, ssgd, fp16 and PowerSGD; 0 on the local steps of kstep,
-cpsgd and adpsgd; at most 8 on a typical step of every sparse method (Ok-Topk, TopkA,
-Gaussian-k, gTop-k, RedSync, DGC); at most 16 on Ok-Topk's recompute steps. Rows without a
+Budget (outside log points): each method declares its own on its class
+(``host_sync_budget``, a :class:`commlab.algorithms.base.SyncBudget`: the most syncs per step
+kind, e.g. 0 on every step of ssgd, 0 on the local steps of kstep, at most 8 on a typical step of
+a sparse method and 16 on Ok-Topk's recompute steps), or why it has none; its rows without a
 budget are reported as measured.
 
     commlab bench syncs                                 # every method, 4 workers, the CNN
@@ -37,15 +38,28 @@ import torch
 from commlab.bench.common import add_output_arguments, bench_parser, md_table, method_params, write_report
 from commlab.registry import BENCHMARKS
 
-SPARSE = ("oktopk", "topk_allgather", "gaussiank", "gtopk", "redsync", "dgc")
-# method -> {step kind: most host syncs allowed outside log points}
-BUDGET: dict[str, dict[str, int]] = {
-    **{m: {"step": 0} for m in ("ddp", "ssgd", "fp16", "powersgd")},
-    **{m: {"local": 0} for m in ("kstep", "cpsgd", "adpsgd")},
-    **{m: {"step": 8} for m in SPARSE},
-    "oktopk": {"step": 8, "recompute": 16},
-}
+#: The kinds of step a budget may name (the module docstring says which steps are which).
+STEP_KINDS = ("step", "local", "reduction", "recompute")
 WARMUP = 1  # dense warm-up steps kept (a method's own warm-up is cut to this)
+
+
+def budget(method: str) -> dict[str, int] | None:
+    """``method``'s declared budget, {step kind: most host syncs outside log points}; None when
+    it declares none (a reason, or nothing: its rows are reported as measured)."""
+    from commlab.registry import ALGORITHMS
+
+    declared = ALGORITHMS.get(method).host_sync_budget
+    return dict(declared.limits) if declared is not None and declared.limits else None
+
+
+def unbudgeted_reason(method: str) -> str | None:
+    """Why ``method`` has no budget (None: it has one); "not declared" when it says nothing."""
+    from commlab.registry import ALGORITHMS
+
+    declared = ALGORITHMS.get(method).host_sync_budget
+    if declared is None:
+        return "not declared"
+    return declared.unbudgeted or None
 
 
 def _step_kind(reductions: int, recomputes: float) -> str:
@@ -133,13 +147,14 @@ def summarise(runs: list[dict], per_rank: list[list[list[dict]]]) -> list[dict]:
         elif every <= {"reduction", "recompute"}:
             for rec in steps:
                 rec["kind"] = "step" if rec["kind"] == "reduction" else rec["kind"]
+        limits = budget(run["method"]) or {}
         for kind in sorted({rec["kind"] for rec in steps}):
             mine = [rec for rec in steps if rec["kind"] == kind]
             worst = max(mine, key=lambda rec: rec["syncs"])
-            budget = BUDGET.get(run["name"], {}).get(kind)
+            most = limits.get(kind)
             row = {"method": run["name"], "kind": kind, "rank_steps": len(mine),
                    "max_syncs": worst["syncs"], "mean_syncs": statistics.fmean(r["syncs"] for r in mine),
-                   "budget": budget, "within_budget": None if budget is None else worst["syncs"] <= budget,
+                   "budget": most, "within_budget": None if most is None else worst["syncs"] <= most,
                    "worst_sites": dict(Counter(worst["sites"]).most_common(8))}
             cuda = [r["cuda_syncs"] for r in mine if r["cuda_syncs"] is not None]
             if cuda:
@@ -204,7 +219,8 @@ def syncs(argv: list[str], json_path: str | None = None) -> int:
     failed = [r for r in rows if r["within_budget"] is False]
     payload = {"workers": args.workers, "steps": args.steps, "model": args.model, "dataset": args.dataset,
                "batch_per_worker": args.batch_size,
-               "device": args.device, "options": args.options, "runs": runs, "budget": BUDGET, "rows": rows,
+               "device": args.device, "options": args.options, "runs": runs,
+               "budget": {run["name"]: budget(run["method"]) for run in runs}, "rows": rows,
                "all_within_budget": not failed}
     columns = [("method", "method"), ("kind", "step kind"), ("rank_steps", "rank-steps"), ("max_syncs", "max syncs"),
                ("mean_syncs", "mean"), *([("cuda_max_syncs", "CUDA max")] if args.device == "cuda" else []),
@@ -220,5 +236,8 @@ def syncs(argv: list[str], json_path: str | None = None) -> int:
           "All within budget." if not failed else
           "Over budget: " + "; ".join(f"{r['method']} ({r['kind']}): {r['max_syncs']} > {r['budget']} "
                                       f"({', '.join(r['worst_sites'])})" for r in failed)]
+    unbudgeted = {run["name"]: why for run in runs if (why := unbudgeted_reason(run["method"]))}
+    if unbudgeted:
+        md += ["", "Without a budget: " + "; ".join(f"{name} ({why})" for name, why in unbudgeted.items()) + "."]
     write_report("syncs", payload, "\n".join(md), args.json_path or json_path, args.out_dir)
     return 0

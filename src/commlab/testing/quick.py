@@ -2,45 +2,61 @@
 
 The defaults of the methods are the papers' (Ok-Topk's 128 dense warm-up steps, SSD-SGD's 500,
 K-step periods of 16 and more), so a run of a few dozen steps would only ever take their warm-up
-branch. :data:`QUICK_PARAMS` shortens warm-ups and periods so that a 32-step run on generated data
-takes the sparse, compressed, delayed or averaging branch many times; the GPU suite and the replica
-tests run every registered method with them::
+branch. Each method declares on its class the options that shorten them
+(``quick_run``, a :class:`commlab.algorithms.base.QuickRun`), so that a 32-step run on generated
+data takes the sparse, compressed, delayed or averaging branch many times, and whether it needs
+the wide model; this module reads them from the registry. The GPU suite, the replica, precision
+and resume tests run every registered method with them::
 
     from commlab.testing.quick import quick_run_config
     cfg = quick_run_config("oktopk", out_dir, backend="nccl")   # a run config (a dict), 32 steps
+
+``QUICK_PARAMS`` (method -> options on one worker) and ``WIDE_MODEL`` (the methods that run on
+``wide_mlp``) are the same declarations as tables, read afresh from the registry at each use.
 """
 
 from __future__ import annotations
 
-QUICK_PARAMS: dict[str, dict] = {
-    "oktopk": {"warmup_steps": 4, "density": 0.02},
-    "topk_allgather": {"warmup_steps": 4, "density": 0.02},
-    "gaussiank": {"warmup_steps": 4, "density": 0.02},
-    "gtopk": {"warmup_steps": 4, "density": 0.02},
-    "redsync": {"density": 0.01, "binary_search_above": 1_000_000, "trimmed_topk_above": 100_000},
-    "dgc": {"density": 0.01},
-    "powersgd": {"warmup_steps": 4, "rank": 2},
-    "kstep": {"k": 4},
-    "kstep_hier": {"k_local": 2, "k_global": 4, "group_size": 2},
-    "cpsgd": {"period": 4},
-    "adpsgd": {"initial_period": 2, "calibration_syncs": 2, "calibration_warmup": 2},
-    "ssdsgd": {"warmup_steps": 4, "k": 2},
-    "odsgd": {"warmup_steps": 4},
-}
+from commlab.algorithms.base import QuickRun
+from commlab.registry import ALGORITHMS
 
-#: Methods whose layer-size policy needs large layers to pick every selector (RedSync's binary
-#: search above 1M elements, trimmed top-k above 100k): they run on ``wide_mlp``.
-WIDE_MODEL = {"redsync", "dgc"}
+
+def quick_run(method: str) -> QuickRun:
+    """``method``'s declared :class:`QuickRun`, naming the method when it declares none."""
+    declared = ALGORITHMS.get(method).quick_run
+    if declared is None:
+        raise ValueError(f"method {method!r} declares no quick_run (commlab.algorithms.base.QuickRun) on its class")
+    return declared
+
+
+def quick_params(method: str, workers: int = 1) -> dict:
+    """``method``'s options for a short run on ``workers`` workers (a new dict)."""
+    return quick_run(method).options(workers)
+
+
+def quick_model(method: str) -> str:
+    """The model a short run of ``method`` trains: ``wide_mlp`` where the method needs large
+    layers to reach every branch, else the CNN."""
+    return "wide_mlp" if quick_run(method).wide_model else "cnn"
+
+
+def __getattr__(name: str):
+    # The tables other code reads, derived from the declarations at each use, so that a method
+    # registered later (a plugin) is in them too; a method that declares nothing is left out.
+    declared = {method: cls.quick_run for method in ALGORITHMS.names()
+                if (cls := ALGORITHMS.get(method)).quick_run is not None}
+    if name == "QUICK_PARAMS":
+        return {method: quick.options() for method, quick in declared.items()}
+    if name == "WIDE_MODEL":
+        return {method for method, quick in declared.items() if quick.wide_model}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def quick_run_config(method: str, out_dir: str, *, workers: int = 1, backend: str = "gloo", device: str = "auto",
                      epochs: int = 2, seed: int = 0, **extra) -> dict:
     """A run config of ``method`` on generated data: 16 steps per epoch (512 samples, batch 32 per
     worker spread over the workers), MLflow off, the run's folder ``out_dir``."""
-    params = dict(QUICK_PARAMS.get(method, {}))
-    if method == "kstep_hier" and workers % 2:
-        params["group_size"] = 1
-    return {"method": method, "method_params": params, "model": "wide_mlp" if method in WIDE_MODEL else "cnn",
+    return {"method": method, "method_params": quick_params(method, workers), "model": quick_model(method),
             "dataset": "synthetic", "seed": seed, "workers": workers, "backend": backend, "device": device,
             "output_dir": str(out_dir), "tracking": {"enabled": False},
             "train": {"epochs": epochs, "batch_size": 32 // workers if workers <= 32 else 1, "lr": 0.05,
