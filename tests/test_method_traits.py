@@ -31,8 +31,6 @@ from commlab.testing.quick import quick_model, quick_params
 TRAITS = {"comm_pattern": str, "family": str, "host_sync_budget": SyncBudget, "quick_run": QuickRun,
           "resume": ResumeState}
 METHODS = ALGORITHMS.package_names()
-# odsgd still shares ssdsgd.py with ssdsgd; strict: the mark fails once it has a file of its own.
-NOT_YET_IN_ITS_OWN_FILE = {"odsgd"}
 
 
 def trait_problems(name: str, cls: type) -> list[str]:
@@ -117,9 +115,7 @@ def test_every_method_declares_its_traits_and_they_are_valid(name):
     assert quick_params(name, 4) == cls.quick_run.options(4)
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.xfail(
-    strict=True, reason="shares its module with another method")) if name in NOT_YET_IN_ITS_OWN_FILE else name
-    for name in METHODS])
+@pytest.mark.parametrize("name", METHODS)
 def test_every_method_lives_in_a_file_named_after_it(name):
     assert Path(inspect.getfile(ALGORITHMS.get(name))).name == f"{name}.py"
 

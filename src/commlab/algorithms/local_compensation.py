@@ -7,7 +7,7 @@ local replica when the batch was computed); ``w_now - w_grad``: the shift of the
 since then (non-zero only at a refresh, when the global replica overwrote it); ``eta_l``: the
 local learning rate; ``wd``: the run's weight decay. A rule turns ``g`` into a *direction* ``d``;
 the local optimizer the training loop steps (:class:`commlab.loop.optim.ScaledSGD`, declared by
-``commlab.algorithms.ssdsgd``) then applies, with local momentum 0 as in every released script::
+``commlab.algorithms.delayed``) then applies, with local momentum 0 as in every released script::
 
     w <- w - eta_l * (d + wd * w)
 
@@ -22,7 +22,7 @@ main-520/SSD-SGD (SSD) and CynthiaProtector/OD-SGD (OD), modified MXNet. Paths a
     SSD and OD ``--optimizer-local sgd`` (MXNet SGD, ``--mom-local 0``): ``w <- (1 - eta_l wd) w
     - eta_l g``. The release's ``g`` is the worker's gradient over ``batch x workers`` (``rescale_grad
     = 1/(batch x N)``, SSD ``python/mxnet/module/module.py:511-530``): the mean gradient / N. The
-    method's ``local_rescale: release`` reproduces that division (see commlab.algorithms.ssdsgd).
+    method's ``local_rescale: release`` reproduces that division (see commlab.algorithms.delayed).
 
 ``dcasgd``: DC-ASGD's delay compensation (Zheng et al., arXiv 1609.08326: DC-ASGD and its
 adaptive variant DC-ASGD-a)::
