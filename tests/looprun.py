@@ -51,7 +51,8 @@ def run(config: dict, stop_at: int | None = None, keep=None):
     finally:
         loop.logger.close("FINISHED")
     params = {k: v.detach().clone() for k, v in loop.model.named_parameters()}
-    return {**loop.progress.final, "step": loop.progress.step}, params, loop.progress.golden, keep(loop) if keep else None
+    progress = loop.progress
+    return {**progress.final, "step": progress.step}, params, progress.golden, keep(loop) if keep else None
 
 
 def runs(rank: int, world: int, configs: list[dict]) -> list:

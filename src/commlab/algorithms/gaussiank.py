@@ -49,10 +49,9 @@ class GaussianK(SparseAlgorithm):
         self.threshold = 0.0
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
-        with self.selecting() as box:
+        with self.selecting():
             idx, self.threshold = gaussian_select(acc, self.k, self.selector_options)
-            box[0] = idx.numel()
-        self.note("local_selected", idx.numel())
+        self.record_selected(idx.numel())
         with self.phase("allgather"):
             all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, acc[idx], self.n)
         u_idx, u_val = reduce_pairs(all_idx, all_val, self.n)

@@ -84,10 +84,9 @@ class GlobalTopk(SparseAlgorithm):
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
         k, n = self.k, self.n
-        with self.selecting() as box:
+        with self.selecting():
             idx = torch.sort(exact_topk(acc, k)).values
-            box[0] = idx.numel()
-        self.note("local_selected", idx.numel())
+        self.record_selected(idx.numel())
         with self.phase("tree"):
             t_idx, t_val = tree_topk(self.comm, idx, acc[idx], k, n)
         with self.phase("broadcast"):

@@ -199,10 +199,9 @@ class OkTopk(SparseAlgorithm):
         o, k = self.options, self.k
         marks = (self.local.exact_computations, self.local.recomputes, self.global_.exact_computations,
                  self.window["global_recomputes"])
-        with self.selecting() as box:
+        with self.selecting():
             selected, values = self.local.select_pairs(acc, k, step)  # release: guarded, nudged; bounded: top-k
-            box[0] = selected.numel()
-        self.note("local_selected", selected.numel())
+        self.record_selected(selected.numel())
 
         repartition = step % o.repartition_every == 0
         if repartition:

@@ -138,13 +138,16 @@ class SparseAlgorithm(Algorithm):
     @contextmanager
     def selecting(self):
         """Time a selection on the run's device clock (``ctx.clock``: CUDA events read at the next
-        log point, host time on the CPU) into comm.stats.selection_seconds and ``select_ms``; the
-        block sets ``box[0]`` to the number of entries it selected."""
-        box = [0]
-        stats = self.comm.stats
+        log point, host time on the CPU) into comm.stats.selection_seconds and ``select_ms``; what
+        it selected is then recorded with :meth:`record_selected`."""
         with self.ctx.clock.timed(self.params[0].device, self._selection_seconds):
-            yield box
-        stats.add_selection(box[0])
+            yield
+
+    def record_selected(self, count: int) -> None:
+        """This rank's local selection of the step: the Communicator's ``elements_selected`` and the
+        window's ``local_selected``."""
+        self.comm.stats.add_selection(count)
+        self.note("local_selected", count)
 
     def _selection_seconds(self, seconds: float) -> None:
         self.comm.stats.add_selection(0, seconds)

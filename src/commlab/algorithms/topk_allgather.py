@@ -30,10 +30,9 @@ class TopkAllgather(SparseAlgorithm):
     resume = ResumeState("the residuals and the selection's totals")
 
     def sparse_step(self, acc: torch.Tensor, step: int) -> SparseUpdate:
-        with self.selecting() as box:
+        with self.selecting():
             idx = torch.sort(exact_topk(acc, self.k)).values
-            box[0] = idx.numel()
-        self.note("local_selected", idx.numel())
+        self.record_selected(idx.numel())
         with self.phase("allgather"):  # exactly k pairs from every rank: no counts to exchange
             all_idx, all_val, _ = allgatherv_pairs(self.comm, idx, acc[idx], self.n, [idx.numel()] * self.comm.size)
         u_idx, u_val = reduce_pairs(all_idx, all_val, self.n)

@@ -97,8 +97,8 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
             run.finish()
             status = "FINISHED"
             if runtime.is_main:
-                write_outputs(config, run.out, sentinel, run.logger, run.progress.final, run.progress.golden, run.data.meta,
-                              run.ckpt_dir, runtime.world_size)
+                write_outputs(config, run.out, sentinel, run.logger, run.progress.final, run.progress.golden,
+                              run.data.meta, run.ckpt_dir, runtime.world_size)
             return run.progress.final
         except Preempted:
             status = "KILLED"
