@@ -201,9 +201,12 @@ class DelayedGlobalSGD(Algorithm):
         self.base_version = 0  # version of the global replica the local replica last copied
         self.global_grad: torch.Tensor | None = None  # the global signal the local rule uses (GLU)
         self.last_update: torch.Tensor | None = None  # latest global step / its lr (glu_source update)
-        self.counters = {"steps": 0, "staleness_sum": 0.0, "refreshes": 0, "distance_sum": 0.0,
-                         "overlapped_seconds": 0.0}
-        self.last = {"staleness": 0.0, "refresh_distance": 0.0, "warmup": 1.0}
+        self.counters = {"steps": 0, "staleness_sum": 0.0, "refreshes": 0, "overlapped_seconds": 0.0}
+        self.last = {"staleness": 0.0, "warmup": 1.0}
+        # The refresh distances stay on the device, read at log points: a refresh reads no number.
+        device = self.params[0].device
+        self.distance_sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.distance_last = torch.zeros((), dtype=torch.float64, device=device)
 
     @property
     def eval_model(self) -> torch.nn.Module:
@@ -244,8 +247,8 @@ class DelayedGlobalSGD(Algorithm):
             "staleness": self.last["staleness"],
             "staleness_mean": c["staleness_sum"] / max(1, c["steps"]),
             "refreshes": float(c["refreshes"]),
-            "refresh_distance": self.last["refresh_distance"],
-            "refresh_distance_mean": c["distance_sum"] / max(1, c["refreshes"]),
+            "refresh_distance": float(self.distance_last),
+            "refresh_distance_mean": float(self.distance_sum) / max(1, c["refreshes"]),
             "overlapped_seconds": c["overlapped_seconds"],
             "in_flight": float(len(self.in_flight)),
             "global_version": float(self.version),
@@ -314,10 +317,9 @@ class DelayedGlobalSGD(Algorithm):
         self._copy_global_to_local()
         after = flatten([p.detach() for p in self.params])
         shift = after - before
-        distance = float(shift.norm())
+        self.distance_last.copy_(shift.norm())
+        self.distance_sum += self.distance_last
         self.counters["refreshes"] += 1
-        self.counters["distance_sum"] += distance
-        self.last["refresh_distance"] = distance
         if self.rule.needs_global_grad:
             # From A_{t-1}, whatever completed it earlier (evaluation, checkpoint).
             self.global_grad = self._global_signal()
@@ -375,7 +377,8 @@ class DelayedGlobalSGD(Algorithm):
                 "global_grad": self.global_grad, "last_update": self.last_update,
                 "rule": self.rule.state_dict(),
                 "version": self.version, "base_version": self.base_version,
-                "counters": dict(self.counters), "last": dict(self.last)}
+                "counters": dict(self.counters), "last": dict(self.last),
+                "distance": {"sum": self.distance_sum.clone(), "last": self.distance_last.clone()}}
 
     replica_key = "algorithm.global_model"
 
@@ -397,3 +400,5 @@ class DelayedGlobalSGD(Algorithm):
         self.version, self.base_version = state["version"], state["base_version"]
         self.counters.update(state["counters"])
         self.last.update(state["last"])
+        restore_into(self.distance_sum, state["distance"]["sum"])
+        restore_into(self.distance_last, state["distance"]["last"])

@@ -27,7 +27,7 @@ class OneStepDelaySGD(DelayedGlobalSGD):
 
     comm_pattern = "ring_allreduce"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
     family = "delayed"
-    host_sync_budget = SyncBudget({"step": 1})  # a refresh reads its distance (a metric)
+    host_sync_budget = SyncBudget({"step": 0})
     quick_run = QuickRun({"warmup_steps": 4})
     resume = ResumeState("the global replica with its optimizer and gradients, the local rule's state, the versions")
 
