@@ -387,8 +387,7 @@ def resolve_methods(requested: list[str] | None) -> list[str]:
     benchmarks' ranks start as new processes, which know the package's methods only."""
     from commlab.registry import ALGORITHMS
 
-    names = requested or [m for m in ALGORITHMS.names()
-                          if ALGORITHMS.get(m).__module__.startswith("commlab.algorithms.")]
+    names = requested or ALGORITHMS.package_names()
     unknown = [m for m in names if m not in ALGORITHMS]
     if unknown:
         raise SystemExit(f"unknown method(s) {unknown}; registered: {ALGORITHMS.names()}")

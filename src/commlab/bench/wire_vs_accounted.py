@@ -11,7 +11,7 @@ warm-up) and per worker (the mean over the ranks; the JSON keeps every rank):
   IPv4 and TCP headers per counted frame, :data:`~commlab.launch.netem.FRAME_HEADER_BYTES`);
 * **expected**: accounted + gloo's framing (:data:`~commlab.core.costs.GLOO_FRAMING_BYTES` per
   message the Communicator counted) + the collectives each log point runs outside the accounting
-  (the loop's control allreduce; the sparse methods' metrics allreduce; DDP's buffer broadcast);
+  (the loop's control allreduce; the sparse methods' metrics allreduce);
 * payload / accounted, payload / expected, and the gloo algorithms that carried the accounted
   bytes (share of each).
 
@@ -47,7 +47,7 @@ from commlab.bench.common import (
     resolve_methods,
     write_report,
 )
-from commlab.core.costs import GLOO_FRAMING_BYTES, broadcast_sends, ring_allreduce_cost, ring_allreduce_messages
+from commlab.core.costs import GLOO_FRAMING_BYTES, ring_allreduce_cost, ring_allreduce_messages
 from commlab.registry import ALGORITHMS, BENCHMARKS
 
 TOLERANCE = 0.10  # payload within 10% of the accounted bytes: the accounting describes the wire
@@ -72,15 +72,6 @@ def allreduce_wire(n: int, element_size: int, p: int) -> float:
     return data + GLOO_FRAMING_BYTES * sum(ring_allreduce_messages(n, p, i, element_size) for i in range(p))
 
 
-def buffer_bytes(model: str) -> int:
-    """Bytes of the model's buffers (BatchNorm statistics), which DDP broadcasts before every forward."""
-    from commlab.models import build_model
-
-    channels, size = (1, 28) if model in ("cnn", "mlp", "wide_mlp") else (3, 224 if model == "resnet50" else 32)
-    net = build_model(model, channels, 10, size)
-    return sum(b.numel() * b.element_size() for b in net.buffers())
-
-
 def unaccounted(method: str, model: str, p: int) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """What runs outside the accounting, over all ranks: (per log point, per step) lists of
     (name, wire bytes)."""
@@ -89,11 +80,8 @@ def unaccounted(method: str, model: str, p: int) -> tuple[list[tuple[str, float]
     per_point = [(CONTROL[0], allreduce_wire(CONTROL[1], CONTROL[2], p))]
     if issubclass(ALGORITHMS.get(method), SparseAlgorithm):  # sparse_common's _max_over_ranks
         per_point.append((SPARSE_METRICS[0], allreduce_wire(SPARSE_METRICS[1], SPARSE_METRICS[2], p)))
-    per_step = []
-    if method == "ddp" and (size := buffer_bytes(model)):  # forward_sync_buffers: a tree broadcast
-        sends = sum(broadcast_sends(p, i, 0) for i in range(p))
-        per_step.append(("DDP's buffer broadcast", sends * (size + GLOO_FRAMING_BYTES)))
-    return per_point, per_step
+    # Nothing per step: the ddp methods sync no buffers at a forward (algorithms/ddp.py).
+    return per_point, []
 
 
 def run_figures(run: dict, model: str) -> dict:
