@@ -135,3 +135,15 @@ def test_launch_network_options_reach_the_launcher(monkeypatch):
     monkeypatch.setattr(commlab.launch, "launch", lambda *args: calls.append(args) or 0)
     assert main(["launch", "--config", "run.yaml", "--network-mbit", "1000", "--latency-ms", "0.5"]) == 0
     assert calls == [("run.yaml", None, 1000.0, 0.5)]
+
+
+def test_the_readme_names_every_registered_method():
+    """The README's table of papers and methods names every method the package registers."""
+    import commlab.algorithms  # noqa: F401 - registers the package's methods
+    from commlab.registry import ALGORITHMS
+
+    text = README.read_text()
+    assert "## Papers and methods" in text
+    table = text[text.index("## Papers and methods"):].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z0-9_]+)`", table))
+    assert sorted(set(ALGORITHMS.package_names()) - named) == []
