@@ -1,5 +1,5 @@
-"""Paper scale (README, "Paper scale"): every grid resolves at every scale it defines and
-`commlab grid` lists its variants; the README's table maps all 18 experiments of the papers to
+"""Paper scale (docs/paper-scale.md): every grid resolves at every scale it defines and
+`commlab grid` lists its variants; the page's table maps all 18 experiments of the papers to
 variants that exist; the configured values equal the released scripts' (tests/release_settings.yaml,
 each with the file it was read from); the schedules the rows need follow the releases' formulas."""
 
@@ -55,7 +55,11 @@ def test_an_unknown_scale_is_named():
         _resolved("kstep", "paper_huge")
 
 
-# ---- the README's table of the papers' experiments --------------------------------------------
+# ---- docs/paper-scale.md's table of the papers' experiments -----------------------------------
+PAGE = ROOT / "docs" / "paper-scale.md"
+SECTION = "## The papers' experiments"
+
+
 def _expand(pattern: str) -> list[str]:
     """``a_{x,y}_b{1,2}`` -> a_x_b1, a_x_b2, a_y_b1, a_y_b2 (the table's shorthand)."""
     parts = re.split(r"\{([^}]*)\}", pattern)
@@ -63,10 +67,10 @@ def _expand(pattern: str) -> list[str]:
     return ["".join(c) for c in itertools.product(*choices)]
 
 
-def readme_rows() -> dict[str, list[str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("## Paper scale"):]
-    section = section[:section.index("\n## ", 3)]
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The rows of the page's table of experiments, by row name (K1, ..., B)."""
+    section = text[text.index(SECTION) + len(SECTION):]
+    section = section.split("\n## ", 1)[0]  # up to the next section, or the end of the page
     rows = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -75,8 +79,8 @@ def readme_rows() -> dict[str, list[str]]:
     return rows
 
 
-def test_the_readme_maps_every_experiment_to_variants_that_exist():
-    rows = readme_rows()
+def test_the_page_maps_every_experiment_to_variants_that_exist():
+    rows = table_rows(PAGE.read_text())
     assert list(rows) == ROWS
     for row, (_, _, grid, scales, variants) in rows.items():
         if row == "O2":

@@ -1,7 +1,8 @@
-"""Every command the README shows parses: the lines of its ```bash blocks and the inline
-`commlab ... --option` commands of its prose. Nothing runs; each tool's own parser reads the arguments
-(commlab's argparse, torchrun's, Snakemake's, MLflow's click command, `make -n`), so an option
-or subcommand the README names and the code lacks fails here rather than in a reader's shell.
+"""Every command the README and the docs pages in PAGES show parses: the lines of their ```bash
+blocks and the inline `commlab ... --option` commands of their prose. Nothing runs; each tool's own
+parser reads the arguments (commlab's argparse, torchrun's, Snakemake's, MLflow's click command,
+`make -n`), so an option or subcommand a page names and the code lacks fails here rather than in
+a reader's shell.
 """
 
 from __future__ import annotations
@@ -15,11 +16,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# The pages whose commands are checked: the README and the reference pages beside it.
+PAGES = [README, *(ROOT / "docs" / name for name in (
+    "running.md", "paper-scale.md", "architecture.md", "reports.md", "performance.md", "cluster.md",
+    "tasks.md", "asgd.md"))]
 SHELL_ONLY = {"source", "export", "cd"}  # shell built-ins: nothing of the project's to parse
+SLURM_TOOLS = {"sinfo", "squeue", "sacct", "scontrol", "sbatch"}  # SLURM's own commands, not the project's
 
 
 def readme_commands(text: str) -> list[str]:
-    """The commands of the README: bash block lines (comments dropped, continuations joined) and
+    """The commands of a page: bash block lines (comments dropped, continuations joined) and
     inline code spans with options that start with `commlab ` or `python -m commlab`."""
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
@@ -28,8 +34,8 @@ def readme_commands(text: str) -> list[str]:
             if line and not line.startswith("#"):
                 commands.append(line)
     prose = re.sub(r"```.*?```", "", text, flags=re.S)
-    commands += [c for c in re.findall(r"`([^`\n]+)`", prose)
-                 if c.startswith(("commlab ", "python -m commlab")) and " -" in c]  # a command, not a name
+    commands += [c for c in re.findall(r"`([^`\n]+)`", prose)  # a command with options, not a name
+                 if c.startswith(("commlab ", "python -m commlab")) and " -" in c.removeprefix("python -m ")]
     return commands
 
 
@@ -76,28 +82,39 @@ def parse(command: str) -> None:
         tool, argv = "commlab.testing.localslurm", argv[2:]
     parsers = {"commlab": _parse_commlab, "torchrun": _parse_torchrun, "snakemake": _parse_snakemake,
                "mlflow": _parse_mlflow, "make": _parse_make}
-    if tool in SHELL_ONLY:
+    if tool in SHELL_ONLY | SLURM_TOOLS:
         return
     if tool == "commlab.testing.localslurm":
         from commlab.testing.localslurm import build_parser
 
         return build_parser().parse_args(argv[1:]) and None
-    assert tool in parsers, f"README command with no parser in this test: {command!r} (add one)"
+    assert tool in parsers, f"command with no parser in this test: {command!r} (add one)"
     try:
         parsers[tool](argv[1:])
     except SystemExit as err:
-        raise AssertionError(f"README command does not parse: {command!r}") from err
+        raise AssertionError(f"command does not parse: {command!r}") from err
+
+
+def page_commands() -> list[tuple[str, str]]:
+    """(page, command) for every command of every page in PAGES."""
+    return [(page.relative_to(ROOT).as_posix(), command) for page in PAGES
+            for command in readme_commands(page.read_text())]
 
 
 def test_readme_commands_are_found():
-    commands = readme_commands(README.read_text())
+    readme = readme_commands(README.read_text())
+    assert "make" in readme and "make test" in readme  # the set-up's two commands
+    commands = [command for _, command in page_commands()]
     assert any(c.startswith("commlab launch --config run.yaml --network-mbit") for c in commands)
     assert any(c.startswith("snakemake --workflow-profile workflow/profiles/slurm") for c in commands)
-    assert "make test" in commands
+    assert any(c.startswith("commlab bench syncs") for c in commands)
 
 
-@pytest.mark.parametrize("command", readme_commands(README.read_text()))
-def test_readme_command_parses(command, monkeypatch):
+COMMANDS = page_commands()
+
+
+@pytest.mark.parametrize("page,command", COMMANDS, ids=[f"{page}: {command}" for page, command in COMMANDS])
+def test_readme_command_parses(page, command, monkeypatch):
     monkeypatch.chdir(ROOT)
     parse(command)
 
@@ -118,3 +135,15 @@ def test_launch_network_options_reach_the_launcher(monkeypatch):
     monkeypatch.setattr(commlab.launch, "launch", lambda *args: calls.append(args) or 0)
     assert main(["launch", "--config", "run.yaml", "--network-mbit", "1000", "--latency-ms", "0.5"]) == 0
     assert calls == [("run.yaml", None, 1000.0, 0.5)]
+
+
+def test_the_readme_names_every_registered_method():
+    """The README's table of papers and methods names every method the package registers."""
+    import commlab.algorithms  # noqa: F401 - registers the package's methods
+    from commlab.registry import ALGORITHMS
+
+    text = README.read_text()
+    assert "## Papers and methods" in text
+    table = text[text.index("## Papers and methods"):].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([a-z0-9_]+)`", table))
+    assert sorted(set(ALGORITHMS.package_names()) - named) == []

@@ -123,7 +123,7 @@ SQL_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql")  # stores MLflow keeps 
 def warm_up(configured: str | None = None) -> None:
     """Import MLflow's client and, for a database store (``configured``: the config's
     ``tracking.uri``), its SQL store with its table mappings set up: what a first call spends
-    (about 2 s of CPU), spent ahead of it by the launcher's tracking relay
+    (seconds of CPU), spent ahead of it by the launcher's tracking relay
     (:mod:`commlab.tracking_relay`). Nothing is read or written: a run that never opens leaves
     the store as it was."""
     from mlflow.tracking import MlflowClient  # noqa: F401

@@ -1,13 +1,14 @@
 """Rank 0's MLflow calls made by the launcher: the relay that takes MLflow off a run's critical path.
 
-Rank 0 of a fresh worker imports MLflow's client and its SQL store (about 2 s of CPU) and opens
-its run while every other rank waits for the run id; on 2 cores the launcher, meanwhile, idles in
-torchrun's agent. So ``commlab launch`` (one node) starts a :class:`TrackingRelay`: a thread that
+Rank 0 of a fresh worker imports MLflow's client and its SQL store (a large import) and opens
+its run while every other rank waits for the run id; the launcher, meanwhile, idles in torchrun's
+agent. So ``commlab launch`` (one node) starts a :class:`TrackingRelay`: a thread that
 imports MLflow as soon as the workers are on their way and then runs, for rank 0, the very same
 :class:`commlab.tracking.RunTracker` calls rank 0 would make itself. Rank 0 gets the relay's
 address as ``--tracking-relay`` and uses a :class:`RelayedTracker` with the tracker's interface
 (``run_id``, ``log_metrics``, ``flush``, ``log_artifact``, ``set_tag``, ``finish``), without
-importing MLflow at all. Measured in docs/performance.md, section 7.
+importing MLflow at all. The launcher's thread imports MLflow on a core the workers' fork server
+leaves idle while the workers start, so no rank waits for the import.
 
 Nothing else changes: the run is created, logged and closed by the same code, in the same order
 (every call waits for its answer, and a failed call raises its own exception in rank 0); files
@@ -62,7 +63,7 @@ class TrackingRelay:
         shutil.rmtree(self._folder, ignore_errors=True)
 
     def _serve(self) -> None:
-        # MLflow's client and SQL store first: this is the import rank 0 no longer waits for.
+        # MLflow's client and SQL store first: this is the import rank 0 does not wait for.
         try:
             from commlab.tracking import warm_up
 

@@ -1,4 +1,4 @@
-"""The algorithm interface every method implements (docs: README, "Architecture").
+"""The algorithm interface every method implements (docs/architecture.md, "The loop and its methods").
 
 The training loop owns the model, the optimizer and the data. It builds a method once, then calls
 it at two points of every step::

@@ -37,10 +37,11 @@ of communication to computation time equals the cluster's::
     r_cluster = T_ring(grad_bytes_cluster, P_cluster, link) / (batch / images_per_s)
     bandwidth = 2(P-1)/P · grad_bytes_local / (r_cluster · compute_local)
 
-e.g. ResNet-50 (102 MB of fp32 gradients) on 16 V100s at 10 Gbit/s: T_ring = 2·15/16·102.2 MB /
-1.25 GB/s = 153 ms against 64/330 s = 194 ms of compute, r = 0.79; a 0.87 MB CNN computing
-60 ms per step on 4 workers matches it at 2·3/4·0.87 MB/(0.79·0.06 s) = 27.5 MB/s = 220 Mbit/s.
-:func:`matching_bandwidth_mbit` does this arithmetic; the scaling benchmark prints it.
+e.g. the cluster ``V100x16@10Gbit`` of :data:`CLUSTERS` (ResNet-50's 102.2 MB of fp32 gradients,
+the assumed 330 images/s per V100, batch 64): r = (2·15/16·102.2 MB / 1.25 GB/s) / (64/330 s),
+about 0.79. A local model with G bytes of gradients and C seconds of compute per step on 4
+workers matches it at 2·3/4·G / (0.79·C) bytes/s. :func:`matching_bandwidth_mbit` does this
+arithmetic with the local run's measured G and C; the scaling benchmark prints the result.
 """
 
 from __future__ import annotations

@@ -3,15 +3,16 @@
 
 The kernels take contiguous CUDA float32 tensors when Triton can be imported (PyTorch's CUDA
 builds bring it) and ``COMMLAB_TRITON`` is not ``0``; a selection only from ``MIN_ELEMENTS``
-entries up. Below that torch's passes are faster: a Triton launch costs about 40-60 us of host
-time (measured on H100 and H200 hosts: keeping a guard's subset of 2M selected values took 0.24
-ms through two kernels), more than the kernels save on a small tensor, and a selection's kernels
-win from about 10M entries (0.12-0.14 ms against 0.15 ms for torch's passes at 10M on an H100,
-0.27 against 0.77 ms at 100M). A count keeps its kernel at any size: torch's way, a bucketize and
-an ``index_add_`` histogram, piles its atomics onto a few bins. A Triton that cannot compile a kernel here
-costs speed, not the run: the first failure of an entry point warns once, naming it and the
-error, and torch's passes take over for that entry point; once an entry point has run, its errors
-(out of memory, say) are errors.
+entries up. Below that torch's passes are faster: a Triton launch costs more host time than a
+torch launch, and on a small tensor (a layer, a guard's subset of selected values) the launches,
+not the reads, are the cost. On a large tensor the kernels' single read wins. A count keeps its
+kernel at any size: torch's way, a bucketize and an ``index_add_`` histogram, piles its atomics
+onto a few bins. ``commlab bench selection --devices cuda`` times the selections, with
+``COMMLAB_TRITON=0`` on torch's passes.
+
+A Triton that cannot compile a kernel here costs speed, not the run: the first failure of an
+entry point warns once, naming it and the error, and torch's passes take over for that entry
+point; once an entry point has run, its errors (out of memory, say) are errors.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def largest_at_ranks(values: torch.Tensor, ranks: list[int]) -> list[float]:
     rank in one call), elsewhere one sort, which uses the whole GPU. Not ``torch.kthvalue`` on
     either device: on the CPU its quickselect is quadratic on the order ``torch.topk(sorted=False)``
     leaves its values in; on CUDA it is a radix select in one thread block per slice
-    (pytorch/pytorch#75599). docs/performance.md has the timings."""
+    (pytorch/pytorch#75599). ``commlab bench selection`` times the three ways side by side."""
     if values.device.type == "cpu":
         return largest_by_partition(values, ranks)
     return largest_by_sort(values, ranks)

@@ -212,14 +212,13 @@ class Communicator:
         """Gather equal-size tensors from every rank: returns shape ``(size, *tensor.shape)``.
 
         gloo's ring takes P-1 steps one after the other, each a message a rank must wait for: for
-        a small block the steps' latency is the whole cost (measured, 4 gloo ranks on 2 cores:
-        about 3.8 ms for 1 to 2,000 int64, against 0.9-2.5 ms in one all_to_all). So on gloo a
-        CPU block of at most ``DIRECT_GATHER_BYTES`` (about TCP's initial window: it leaves in
-        one flight) goes directly to every rank in one all_to_all: the same elements sent and
-        received, P-1 messages instead of the ring's 2(P-1) halves. Larger blocks keep the ring,
-        whose every step reuses one warm connection (a 35 KB block sent directly to 3 ranks was
-        14% slower on an emulated 100 Mbit/s link), and so does NCCL. The environment variable
-        ``COMMLAB_DIRECT_GATHER_BYTES`` moves the limit (0: always the ring)."""
+        a small block the steps' latency is the whole cost, whatever the block's size, and one
+        all_to_all costs less. So on gloo a CPU block of at most ``DIRECT_GATHER_BYTES`` (about
+        TCP's initial window: it leaves in one flight) goes directly to every rank in one
+        all_to_all: the same elements sent and received, P-1 messages instead of the ring's 2(P-1)
+        halves. Larger blocks keep the ring, whose every step reuses one warm connection: sent
+        directly, a block past the initial window is slower on an emulated link. NCCL always keeps
+        its own allgather. ``COMMLAB_DIRECT_GATHER_BYTES`` moves the limit (0: always the ring)."""
         flat = tensor.contiguous().view(-1)
         # Flat buffers: gloo checks that the output is exactly size x input elements.
         out = torch.empty(self.size * flat.numel(), dtype=tensor.dtype, device=tensor.device)

@@ -201,7 +201,7 @@ def seed_everything(seed: int, rank: int = 0) -> None:
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
     # CPU kernels are deterministic for a fixed thread count; on GPUs ask cuDNN for deterministic
-    # kernels. (torch.use_deterministic_algorithms would cost ~2 s of imports per worker.)
+    # kernels. (torch.use_deterministic_algorithms would add a large import to every worker.)
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
 

@@ -214,8 +214,8 @@ def _launch_workers(config: dict, config_path: str, sentinel: str | None, sectio
 
 def end_process(rc: int) -> NoReturn:
     """End the launcher with ``rc`` once its output is flushed, without the interpreter's teardown:
-    with torch and MLflow loaded that takes 0.7-1.4 s of every run, and nothing is left to do by
-    then. The workers have exited, the relay and the agent's folder are removed, every store call
+    with torch and MLflow loaded it is a noticeable part of a short run, and nothing is left to do
+    by then. The workers have exited, the relay and the agent's folder are removed, every store call
     has returned, and the workers' fork server exits when this process does."""
     logging.shutdown()  # torch's agent logs through it
     for stream in (sys.stdout, sys.stderr):

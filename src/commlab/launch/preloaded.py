@@ -1,11 +1,11 @@
 """Training workers forked from one preloaded fork server, for a launcher that starts many short
-runs (the benchmarks: ``commlab bench throughput`` starts 54 runs of 4 workers in the default
+runs (the benchmarks: ``commlab bench throughput`` starts dozens of short runs in the default
 workflow).
 
-A fresh worker interpreter spends about 5 s of CPU importing torch, torch._dynamo (which
-torch.optim imports on its first optimizer) and the training loop, and rank 0 another 1.5 s on
-MLflow's client: with 4 workers on 2 cores that is about 10 s of every 15-s benchmark run. Here the
-fork server imports them once per launcher process (:data:`PRELOAD`) and every run's workers are
+A fresh worker interpreter spends seconds of CPU importing torch, torch._dynamo (which
+torch.optim imports on its first optimizer) and the training loop, and rank 0 more on MLflow's
+client: on a short benchmark run, with more workers than cores, those imports are most of the
+run. Here the fork server imports them once per launcher process (:data:`PRELOAD`) and every run's workers are
 forked from it. Each run still gets new processes (nothing of one run reaches the next: the
 server itself never trains) with the environment, log file and network namespace a plain
 ``ip netns exec NS python -m commlab.loop ...`` worker would have, and the handles answer like

@@ -101,7 +101,7 @@ def srun_command(nodes: int) -> list[str]:
 
 
 # Imported once by the fork server that every single-node worker is forked from. torch._dynamo
-# is listed because torch.optim imports it on the first optimizer it builds (~2 s of CPU).
+# is listed because torch.optim imports it on the first optimizer it builds (a large import).
 WORKER_PRELOAD = ["torch", "torch._dynamo", "commlab.loop.loop", "commlab.loop.worker"]
 
 
@@ -116,7 +116,7 @@ def start_worker_server() -> None:
 def start_worker_server_early(config_path: str) -> None:
     """Start the workers' fork server now if the run file asks for one node and no emulated network,
     so that its imports overlap this process's own (validating the config imports torch too):
-    1-3 s less per run on 2 cores (docs/performance.md, section 7). Nothing before it may
+    the workers then start sooner by the length of that import. Nothing before it may
     import torch (the command line, :mod:`commlab.loop`'s package). Only a head start: a wrong
     guess costs a server that exits with this process unused, and :func:`run_torchrun` starts it
     when this did not."""
@@ -162,7 +162,7 @@ def run_torchrun(args: list[str], on_failure=None) -> int:
     (torch.distributed.run), with two savings that matter when every run pays them: no second
     interpreter importing torch, and workers forked from a fork server that imported torch and the
     training loop once (:data:`WORKER_PRELOAD`) instead of ``workers`` fresh interpreters each
-    importing them (~5 s of CPU apiece). The workers run :func:`run_worker` on the arguments of
+    importing them (seconds of CPU apiece). The workers run :func:`run_worker` on the arguments of
     the ``-m commlab.loop`` command in ``args``. On SIGTERM/SIGINT the agent forwards the signal to the workers,
     waits for them (they checkpoint) and this returns 128 + the signal; a failed worker stops the
     others and the failure table names its rank (exit 1); workers that stopped on a bad config or

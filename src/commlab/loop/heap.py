@@ -6,10 +6,9 @@ most 64 MiB). A training step frees its activations, gradients' temporaries and 
 buffers and allocates them again at the next forward; when a step leaves a large free block at
 the heap's top, glibc trims it and the next forward takes every page of it back through a page
 fault, zeroed by the kernel. On a CPU run that is system time in every step, and it depends on
-the method's allocations: measured with 4 gloo workers of the laptop CNN on 2 cores, forward and
-backward took about 1,800 page faults and 3.8 ms of system time per step after an Ok-Topk step,
-235 faults and 0.9 ms after a TopkA step, and 0-1 faults and 0.2-0.3 ms with the settings below
-(docs/performance.md, section 6). The same forward then costs every method the same.
+the method: one that leaves a large free block at the heap's top pays it at the next forward,
+one that frees little does not. With the settings below the same forward costs every method the
+same (docs/performance.md, "A worker's heap").
 
 So every worker (:func:`commlab.loop.worker.run`) sets, before it allocates anything large:
 

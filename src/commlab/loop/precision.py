@@ -1,5 +1,5 @@
-"""The numeric precision of a run's training step: ``train.precision`` and ``train.tf32`` (README,
-"Paper scale").
+"""The numeric precision of a run's training step: ``train.precision`` and ``train.tf32``
+(docs/paper-scale.md, "Precision").
 
 * ``precision: fp32`` (default): everything in float32.
 * ``precision: bf16``: the forward pass and the loss run under ``torch.autocast`` with bfloat16, on
@@ -9,8 +9,8 @@
   error feedback, momentum, compression, PowerSGD's factors, QSGD's norms) is float32 too. bfloat16
   has float32's exponent range: no loss scaling. Evaluations run in float32.
 * ``tf32: true`` lets CUDA compute float32 matmuls and cuDNN convolutions in TensorFloat-32
-  (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``): several times
-  faster on Ampere and later GPUs, with a 10-bit mantissa in the products. Off by default, in both
+  (``torch.backends.cuda.matmul.allow_tf32``, ``torch.backends.cudnn.allow_tf32``): faster on
+  Ampere and later GPUs, with a 10-bit mantissa in the products. Off by default, in both
   (torch itself lets cuDNN use TF32 unless told not to), so that float32 means the float32 the
   papers trained in; without a GPU it changes nothing.
 """

@@ -11,8 +11,8 @@
  * just read (still in L1): gathering them after the pass would miss the cache once per selected
  * entry. Stores are unconditional and the count advances by the mask's popcount, so
  * there is no branch on the data to mispredict (peeling the set bits of 64-entry words instead,
- * with a branch per word, measured faster only on a tensor the branch predictor had seen before:
- * on fresh tensors of 1-4M entries at 1.4%, one thread, it was 20-30% slower). A thread only ever
+ * with a branch per word, is faster only on a tensor the branch predictor has seen before, and
+ * slower on the fresh tensors a training run selects from). A thread only ever
  * writes at or before the position it is reading, so chunk j's output stays within chunk j's part
  * of the buffer (chunks start at multiples of 16). With values, each thread then counts its selected
  * values passing a few higher thresholds (a guard's raises: Ok-Topk's guard, counted among the
@@ -20,9 +20,8 @@
  * the pairs passing the raise the guard picks. A second parallel loop of the same call then
  * widens each chunk's positions into the int64 result at the chunk's offset (and copies the
  * values), when the caller's room holds them; else gather_chunks does it into larger room. One
- * call, so that the host runs no Python between the pass and the result (measured in the
- * selection benchmark: right after a pass that has evicted its caches, each Python step there
- * cost several times its usual time).
+ * call, so that the host runs no Python between the pass and the result: right after a pass that
+ * has evicted the caches, each Python step there costs several times its usual time.
  */
 #include <math.h>
 #include <pthread.h>
@@ -61,10 +60,9 @@ static void fill_pack_table(void) {
 #endif
 
 /* With AVX-512, a block of BLOCK entries whose block before kept at most 1 in SPARSE compresses
- * only the positions, then loads the few values from the block it has just read (in L1): a
- * second compress per vector costs more than those loads (measured on an AMD EPYC, 2M entries,
- * one thread: 29% less time at 1.4% kept, 16% at 5%; at 30% the loads cost more). The output is
- * the same either way. */
+ * only the positions, then loads the few values from the block it has just read (in L1): where
+ * few pass, a second compress per vector costs more than those loads; where many pass, the loads
+ * cost more. The output is the same either way. */
 #define BLOCK 1024
 #define SPARSE 16
 
