@@ -1,4 +1,4 @@
-"""The package's layering holds (README, "Architecture"): read from the source, every import counted,
+"""The package's layering holds (docs/architecture.md): read from the source, every import counted,
 also those inside functions.
 
 * no import cycle among commlab's modules;

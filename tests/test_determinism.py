@@ -1,4 +1,4 @@
-"""The same seed twice on CPU gives identical metrics (README, "Reproducibility").
+"""The same seed twice on CPU gives identical metrics (docs/running.md, "Reproducibility").
 
 Two 2-worker `commlab launch` jobs of one config (only the output folder and golden file
 differ) run at the same time: both succeed (each torchrun --standalone picks its own free

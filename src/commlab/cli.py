@@ -213,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("paper")
     p.add_argument("--scale", default="laptop", help="laptop (default), smoke, laptop_full, or a paper scale: "
                                                       "paper, paper_32gpu, paper_imagenet, paper_imagenet_400, "
-                                                      "paper_text (README, Paper scale; the grid's file lists its own)")
+                                                      "paper_text (docs/paper-scale.md; the grid's file lists its own)")
     p.add_argument("--run", action="store_true", help="run the cells (default: only list them)")
     p.add_argument("--only", nargs="*", help="run names to keep")
     p.add_argument("--results", default="results", help="output root: runs go to RESULTS/SCALE/PAPER/...")
