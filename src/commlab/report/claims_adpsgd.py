@@ -21,6 +21,8 @@ logged at point c is step c - 1's).
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pandas as pd
 
@@ -293,7 +295,7 @@ def lr_drops(history: pd.DataFrame, run_id) -> list[int]:
     lr = mine[mine.metric == "lr"].sort_values("step")
     epochs = sorted(mine[mine.metric == "test_accuracy"].step.unique())
     drops = []
-    for (before, high), (after, low) in zip(zip(lr.step, lr.value), zip(lr.step[1:], lr.value[1:]), strict=False):
+    for (before, high), (after, low) in pairwise(zip(lr.step, lr.value, strict=True)):
         if low < LR_DROP * high:
             inside = [e for e in epochs if before <= e <= after - 1]
             drops.append(int(inside[-1]) if inside else int(after - 1))
