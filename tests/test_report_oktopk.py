@@ -174,7 +174,10 @@ def test_throughput_from_the_benchmark(tmp_path, ok, best_sparse, verdict):
     assert row.verdict == verdict
     assert row.note.startswith(f"measured at P=4 by the throughput benchmark, {tmp_path / 'bench/throughput.json'} (")
     assert ("dense SGD's communication share of a step: loopback 80%, 1000Mbit 80%, 100Mbit 80% (ssgd's collectives' "
-            "own time plus its waits on asynchronous allreduces, over its step)") in row.note
+            "own time plus its waits on asynchronous allreduces, over its step); throughput over the strongest dense "
+            "baseline on the same link (the fastest of ssgd, ddp, ddp_bf16 measured there): loopback "
+            f"{ok[0]:.2f}x (ssgd), 1000Mbit {ok[1]:.2f}x (ssgd), 100Mbit {ok[2]:.2f}x (ssgd) (ddp, ddp_bf16 not "
+            "measured)") in row.note
 
 
 def test_throughput_on_emulated_runs_can_give_no_more_than_partly():

@@ -26,7 +26,13 @@ from itertools import pairwise
 import numpy as np
 import pandas as pd
 
-from commlab.report.bench import dense_comm_share, environment_note, provenance, throughput_ratios
+from commlab.report.bench import (
+    dense_comm_share,
+    environment_note,
+    provenance,
+    strongest_dense_note,
+    throughput_ratios,
+)
 from commlab.report.claims import Declared, Evidence, NotMeasured, Source, mean_sd
 from commlab.report.paired import difference
 from commlab.report.rules import Better, Conditions, Reaches, Share, SpeedTrend, Unmeasurable
@@ -209,7 +215,7 @@ def speed_on_emulated_runs(ev: Evidence) -> dict | None:
     return {"any_faster": any(s > 1 for s in speed.values()), "all_faster": all(s > 1 for s in speed.values()),
             "grows": speed[order[0]] >= speed[order[-1]],  # the slowest link gains the most
             "text": ", ".join(f"{bw:g} Mbit/s: {x:.2f}x" for bw, x in sorted(speed.items())),
-            "loopback": loopback_reference(ev)}
+            "loopback": loopback_reference(ev), "strongest": strongest_dense_note(ev.bench("throughput"), "adpsgd")}
 
 
 def speed_on_bench(ev: Evidence) -> dict | None:
@@ -219,12 +225,13 @@ def speed_on_bench(ev: Evidence) -> dict | None:
     if "adpsgd" not in table:
         return None
     return {"ratios": table["adpsgd"], "provenance": provenance(bench), "share": dense_comm_share(bench),
+            "strongest": strongest_dense_note(bench, "adpsgd"),
             "cpsgd": (", CPSGD / SSGD " + ", ".join(f"{n}: {r:.2f}x" for n, r in table["cpsgd"].items())
                       if "cpsgd" in table else "")}
 
 
 def speed_not_measured(ev: Evidence) -> dict:
-    return {"loopback": loopback_reference(ev)}
+    return {"loopback": loopback_reference(ev), "strongest": strongest_dense_note(ev.bench("throughput"), "adpsgd")}
 
 
 def variance_premise(ev: Evidence) -> str:
@@ -409,15 +416,15 @@ CLAIMS = [
     Declared(
         claim=FASTER, paper=FASTER_PAPER,
         sources=(Source(speed_on_emulated_runs, Conditions("any_faster", also=("all_faster", "grows")), ours="{text}",
-                        note="time to a common training loss under emulated links{loopback}"),
+                        note="time to a common training loss under emulated links{loopback}; {strongest}"),
                  # Without such runs in MLflow, the throughput benchmark measured the same ratio on emulated links.
                  Source(speed_on_bench, SpeedTrend("ratios", paper=PAPER_SPEEDUP),
                         ours="throughput ADPSGD / SSGD, {why}{cpsgd}",
                         note="samples/s measured side by side by the throughput benchmark, {provenance}; share of a "
-                             "dense SGD step spent communicating: {share}"),
+                             "dense SGD step spent communicating: {share}; {strongest}"),
                  Source(speed_not_measured, Unmeasurable(), ours="no runs under emulated bandwidth",
                         note="needs runs with a `network` setting (emulated links) or `snakemake bench` (the "
-                             "report's bench/throughput.json){loopback}"))),
+                             "report's bench/throughput.json){loopback}; {strongest}"))),
     Declared(
         claim="Synchronise often early and rarely later; re-tighten after a learning-rate decay",
         paper="abstract (principle); our reconstruction of the rule",

@@ -22,7 +22,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from commlab.report.bench import dense_comm_share, modelled_speedups, provenance, throughput_ratios
+from commlab.report.bench import (
+    dense_comm_share,
+    modelled_speedups,
+    provenance,
+    strongest_dense_note,
+    throughput_ratios,
+)
 from commlab.report.claims import Declared, Evidence, NotMeasured, Source
 from commlab.report.metrics import MODEL_NAMES, TASK_METRICS, setting, task_metric
 from commlab.report.rules import AccuracyMatch, AllOf, Below, Consistency, Share, SpeedTrend, Within
@@ -334,6 +340,7 @@ def throughput_bench(ev: Evidence) -> dict | None:
                           zip(model.index, model["oktopk"], over_best, strict=True) if p in MODEL_WORKERS))
     return {"dense": table["oktopk"], "sparse": table["oktopk"] / table[sparse].max(axis=1),
             "baselines": ", ".join(sparse), "provenance": provenance(bench), "share": dense_comm_share(bench),
+            "strongest": strongest_dense_note(bench, "oktopk"),
             "model": model_note, "workers": bench.get("workers", "?")}
 
 
@@ -348,7 +355,8 @@ def throughput_runs(ev: Evidence) -> dict | None:
         ["network", "workers", "method"]).sps.mean().unstack("method")
     gains = (table["oktopk"] / table.drop(columns="oktopk").max(axis=1)) if "oktopk" in table \
         else pd.Series(dtype=float)
-    return {"faster": list(gains > 1), "gains": ", ".join(f"{k}: {g:.2f}x" for k, g in gains.items())}
+    return {"faster": list(gains > 1), "gains": ", ".join(f"{k}: {g:.2f}x" for k, g in gains.items()),
+            "strongest": strongest_dense_note(ev.bench("throughput"), "oktopk")}
 
 
 CLAIMS = [
@@ -415,11 +423,11 @@ CLAIMS = [
               "bandwidth falls",
         paper="abstract (BERT, 256 GPUs)",
         sources=(Source(throughput_runs, Share("faster", every="partly reproduced"),
-                        ours="Ok-Topk / best other: {gains}", note="emulated links, small P"),
+                        ours="Ok-Topk / best other: {gains}", note="emulated links, small P; {strongest}"),
                  Source(throughput_bench, AllOf((SpeedTrend("dense"), SpeedTrend("sparse"))),
                         ours="Ok-Topk / ssgd: {why[0]}; Ok-Topk / best of {baselines}: {why[1]}",
                         note="measured at P={workers} by the throughput benchmark, {provenance}; dense SGD's "
-                             "communication share of a step: {share}{model}")),
+                             "communication share of a step: {share}; {strongest}{model}")),
         missing="no runs on emulated links",
         needs="loopback has no bandwidth limit; needs runs with `network` set (emulated links) or `snakemake bench` "
               "(the report's bench/throughput.json and bench/scaling.json)"),
