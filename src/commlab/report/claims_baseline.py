@@ -208,7 +208,8 @@ CLAIMS = [
         claim="ddp_bf16 sends half of ssgd's bytes per step (2 bytes per gradient element instead of 4)",
         paper=AGARWAL, check=True,
         sources=(Source(strongest_bytes, Consistency("holds"),
-                        ours="bytes sent per step by rank 0: ddp_bf16 {ours:,.0f}, ssgd {dense:,.0f}; ratio {ratio:.4f}",
+                        ours="bytes sent per step by rank 0: ddp_bf16 {ours:,.0f}, ssgd {dense:,.0f}; "
+                             "ratio {ratio:.4f}",
                         note="0.5 within {tolerance:.0%} relative; both count one allreduce of the whole gradient per "
                              "step, ddp_bf16 in bfloat16"),),
         needs="needs finished ssgd and ddp_bf16 runs"),
