@@ -137,7 +137,8 @@ def test_selection_in_the_runs(ok, ta, verdict):
     assert row.verdict == verdict
     assert row.ours == f"selection per sparse step: Ok-Topk {10 * ok:.2f} ms (local + global) vs exact top-k " \
                        f"{10 * ta:.2f} ms"
-    assert row.note == "CNN, n=218,000, k=4,360 (density 0.02) on 4 workers (Ok-Topk with its default threshold control); "
+    assert row.note == ("CNN, n=218,000, k=4,360 (density 0.02) on 4 workers (Ok-Topk with its default threshold "
+                        "control); ")
 
 
 def test_selection_without_its_metric_is_not_measured():

@@ -15,8 +15,8 @@ from commlab.report.index import build_index
 from evidence import history, runs
 
 
-def evaluation_rows(paper: str, name: str, method: str, accuracies: list[float], workers: int = 4,
-                    seeds=(0, 1), model: str = "cnn", dataset: str = "fashion_mnist", per_eval: int = 8192) -> list[dict]:
+def evaluation_rows(paper: str, name: str, method: str, accuracies: list[float], workers: int = 4, seeds=(0, 1),
+                    model: str = "cnn", dataset: str = "fashion_mnist", per_eval: int = 8192) -> list[dict]:
     """A run name's evaluations, one per epoch (``per_eval`` samples each), the same on every seed."""
     return [{"paper": paper, "name": name, "method": method, "seed": seed, "workers": workers, "model": model,
              "dataset": dataset, "step": 64 * (i + 1), "samples": per_eval * (i + 1), "metric": "test_accuracy",

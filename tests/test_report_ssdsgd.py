@@ -61,10 +61,9 @@ def test_the_benchmark_decides_speed_where_it_ran_and_quotes_the_communication_s
 
 
 def test_speed_notes_set_the_method_beside_the_strongest_dense_baseline(tmp_path):
-    rows = [(n, "ssgd", 1.0) for n in ("loopback", "100Mbit")] + [("loopback", "ddp_bf16", 1.1),
-                                                                  ("100Mbit", "ddp_bf16", 1.25),
-                                                                  ("loopback", "ddp", 0.95), ("100Mbit", "ddp", 1.0),
-                                                                  ("loopback", "ssdsgd", 1.0), ("100Mbit", "ssdsgd", 1.6)]
+    rows = [(n, "ssgd", 1.0) for n in ("loopback", "100Mbit")] + [
+        ("loopback", "ddp_bf16", 1.1), ("100Mbit", "ddp_bf16", 1.25), ("loopback", "ddp", 0.95),
+        ("100Mbit", "ddp", 1.0), ("loopback", "ssdsgd", 1.0), ("100Mbit", "ssdsgd", 1.6)]
     write_bench(tmp_path, "throughput", throughput(rows))
     frame, points = frame_of({"ssgd": (DENSE, [100.0] * 3), ssd.SSD: (DENSE, [110.0] * 3),
                               "odsgd_glu": (DENSE, [90.0] * 3)})
