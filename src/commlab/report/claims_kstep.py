@@ -26,6 +26,7 @@ from commlab.report.tables import at_evaluations, by_seed, param
 
 METRICS = ["train_loss", "test_accuracy", "samples", "reductions_global", "reductions_local", "bytes_sent",
            "wall_seconds"]
+BENCH = ["throughput"]  # the descendants' blocked time on an emulated link (commlab.report.descendants)
 ACCURACY_TOLERANCE = 0.5  # percentage points: "matched accuracy" is not this far below beyond the noise
 PAPER_SAVING = 0.99  # claim 1: more than 99% fewer global reductions
 PARTLY_SAVING = 0.9  # claim 1: partly with more than 90% at matched accuracy
