@@ -21,16 +21,17 @@ DILOCO_PARAMS = {"param.method_params.period": "64", "param.schedule.period": "6
 
 
 def section(accuracies: dict[str, list[float]], fragments: dict[str, int] | None = None) -> tuple:
-    """The laptop grid's runs of the section, 3 seeds each, settled evaluations; run name ->
+    """The laptop grid's runs of the section, 3 seeds each, settled evaluations, with the params such
+    runs log (kstep's ``k`` is logged as ``period``; every one logs ``schedule.period``); run name ->
     accuracies per seed."""
     common = {"param.model_parameters": "217706", "workers": 6}
     spec = {
         "ssgd_msgd": {"method": "ssgd", "reductions_global": 279.0, "bytes_sent": 2.5e8},
         "kstep_msgd_k64": {"method": "kstep", "reductions_global": 5.0, "bytes_sent": 4.5e6,
-                           "param.method_params.k": "64", "param.method_params.momentum": "0.0",
+                           "param.method_params.period": "64", "param.method_params.momentum": "0.0",
                            "param.schedule.period": "64"},
         "kstepmom_msgd_k64": {"method": "kstep", "reductions_global": 5.0, "bytes_sent": 4.5e6,
-                              "param.method_params.k": "64", "param.method_params.momentum": "0.5",
+                              "param.method_params.period": "64", "param.method_params.momentum": "0.5",
                               "param.method_params.block_lr": "1.0", "param.schedule.period": "64"},
         "diloco_msgd_k64": {"method": "diloco", "reductions_global": 5.0, "bytes_sent": 4.5e6, **DILOCO_PARAMS},
         "sdiloco_msgd_k64": {"method": "streaming_diloco", "reductions_global": 9.0, "bytes_sent": 2.3e6,

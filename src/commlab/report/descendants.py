@@ -55,8 +55,7 @@ def descendants_runs(ev: Evidence) -> pd.DataFrame:
     mine = runs[runs.method.isin(["kstep", *OUTER])].copy()
     if mine.empty:
         return mine
-    kstep = mine.method == "kstep"
-    mine["period"] = np.where(kstep, param(mine, "method_params.k"), param(mine, "method_params.period"))
+    mine["period"] = param(mine, "schedule.period")  # the family's global period, H = K
     mine["fragments"] = param(mine, "method_params.fragments", 1).where(mine.method == "streaming_diloco", 1)
     mine["precision"] = param(mine, "method_params.outer_precision", "fp32", numeric=False).where(
         mine.method == "streaming_diloco", "fp32")
