@@ -345,11 +345,12 @@ def rule_over_training(ev: Evidence) -> dict | None:
     ad_runs = runs[runs.method == "adpsgd"] if not runs.empty else runs
     if ad_runs.empty or history.empty or not history.metric.isin(DECISIONS).any():
         return None
-    rows, flags, counted = [], [], []
+    rows, flags, calibrating = [], [], 0
     for r in ad_runs.sort_values(["name", "seed"]).itertuples():
         made = decisions(history, r.run_id)
         if made.empty:
             continue
+        calibrating += int(made.target.isna().sum())
         drops = lr_drops(history, r.run_id)
         end = drops[0] if drops else int(made.step.max()) + 1
         pre = made[made.step < end]
@@ -359,7 +360,6 @@ def rule_over_training(ev: Evidence) -> dict | None:
             cpsgd = _halves(cpsgd_sync_steps(int(r.budget_period), end), end)
             parts[0] += f" vs CPSGD p{int(r.budget_period)} {cpsgd[0]}/{cpsgd[1]}"
             flags += [ours[0] > cpsgd[0], ours[1] < cpsgd[1]]
-            counted.append(sum(ours) <= sum(cpsgd))
         ruled = pre[pre.target.notna()]
         if len(ruled) >= 2:
             first, last = ruled.iloc[0], ruled.iloc[-1]
@@ -373,9 +373,7 @@ def rule_over_training(ev: Evidence) -> dict | None:
         rows.append(", ".join(parts))
     if not rows:
         return None
-    return {"rows": "; ".join(rows), "flags": flags, "premise": variance_premise(ev),
-            "calibration": int(sum(made.target.isna().sum() for made in
-                                   (decisions(history, run_id) for run_id in ad_runs.run_id)))}
+    return {"rows": "; ".join(rows), "flags": flags, "premise": variance_premise(ev), "calibration": calibrating}
 
 
 def variance_and_loss(ev: Evidence) -> dict | None:
