@@ -393,7 +393,7 @@ CLAIMS = [
     Declared(
         claim="Ok-Topk's update applies about k entries per step (the top-k of the summed accumulations, "
               "approximated by a reused global threshold)",
-        paper="Sec. 3.1 (global threshold reuse), as released (threshold_control: release)",
+        paper="Sec. 4 (a global threshold reused between exact top-k steps), as released (threshold_control: release)",
         sources=(Source(applied_per_step("release"), Within("deviation", bound="tolerance", partly=2),
                         ours="entries applied per sparse step / k, per run: {per_run}; log windows {windows}",
                         note="{why} (largest distance of a run's mean from 1, in units of k; within {tolerance:g}: "
