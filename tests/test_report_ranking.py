@@ -55,6 +55,7 @@ def test_every_run_is_ranked_by_its_time_to_the_shared_target_on_each_emulated_l
     assert slow["rank"].tolist()[:3] == [1, 2, 3] and slow["rank"].isna().tolist()[3:] == [True, True]
     assert slow.over_fastest["ssgd"] == pytest.approx((16384 / 400) / (8192 / 800))
     assert slow.note["kstep_msgd_k64"] == "not measured: trained on 6 workers, the benchmark measured 4"
+    assert np.isnan(slow.samples_per_s["kstep_msgd_k64"])
     assert slow.note["qsgd8"] == "not measured: no qsgd rate on the 100Mbit link"
     assert "scale_oktopk_p4" not in slow.index  # generated data
     fast = tables["1000Mbit"].set_index("name")

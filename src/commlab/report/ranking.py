@@ -166,6 +166,7 @@ def rank_by_link(evaluations: pd.DataFrame, bench: dict) -> tuple[dict[str, pd.D
             note = ""
             if run_workers != workers:
                 note = f"not measured: trained on {run_workers} workers, the benchmark measured {workers}"
+                rate = np.nan  # a rate of other workers is no rate of this run
             elif not np.isfinite(rate):
                 note = f"not measured: no {method} rate on the {link} link"
             elif not np.isfinite(samples):
