@@ -37,7 +37,8 @@ EVALUATIONS = pd.DataFrame(
     + evaluation_rows("adpsgd", "qsgd8", "qsgd", [60.0, 70.0])  # no rate: neither timed nor compared
     + evaluation_rows("oktopk", "scale_oktopk_p4", "oktopk", [10.0, 11.0], dataset="synthetic"))
 RATES = {("loopback", "ssgd"): 1000.0, ("100Mbit", "ssgd"): 400.0, ("100Mbit", "adpsgd"): 800.0,
-         ("100Mbit", "oktopk"): 512.0, ("1000Mbit", "ssgd"): 900.0, ("1000Mbit", "adpsgd"): 950.0}
+         ("100Mbit", "oktopk"): 512.0, ("100Mbit", "kstep"): 2000.0, ("1000Mbit", "ssgd"): 900.0,
+         ("1000Mbit", "adpsgd"): 950.0}
 
 
 def test_every_run_is_ranked_by_its_time_to_the_shared_target_on_each_emulated_link():
