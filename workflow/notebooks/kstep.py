@@ -127,7 +127,8 @@ section = rep.table(descendants_table)
 if section.empty:
     nothing("No K-step, DiLoCo or Streaming DiLoCo runs at this scale.")
 else:
-    display(section.round(4))
+    display(section.drop(columns=["method", "outer", "largest_allreduce"]).round(4))
+    display(section[["method", "outer"]].rename(columns={"outer": "what a reduction does"}))
     names = set(section.index) | set(info[(info.family == "synchronous") & (info.optimizer == "sgd")].name)
     mine = evals[evals.name.isin(names)] if not evals.empty else evals
     if not mine.empty:
