@@ -250,8 +250,8 @@ def test_the_rule_over_training_from_its_decisions(syncs, rule, calibrating, ver
     assert row.note.startswith(f"{sum(flags)}/4 hold. Judged on the rule's decisions at their steps")
     if verdict == "reproduced":
         assert row.ours == ("adpsgd_b16/s0: syncs per half of steps 0-127 5/2 vs CPSGD p16 4/4, after calibration "
-                            "the rule's period 21→31 (steps 31→110) as V went 0.0312→0.00901, at the decay "
-                            "(step 128) 31→8")
+                            "the rule's period 21→31 (steps 31→110; V over the 8 and 31 steps before them "
+                            "0.0312→0.00901), at the decay (step 128) 31→8")
         assert f"the {len(calibrating)} decisions without a target" in row.note
 
 

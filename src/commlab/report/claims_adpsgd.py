@@ -364,8 +364,11 @@ def rule_over_training(ev: Evidence) -> dict | None:
         if len(ruled) >= 2:
             first, last = ruled.iloc[0], ruled.iloc[-1]
             flags.append(last.rule_period > first.rule_period)
+            # V at a synchronisation is taken over the interval before it: a longer one drifts further
+            interval = made.step.diff().fillna(made.step + 1)
             parts.append(f"after calibration the rule's period {first.rule_period:.0f}→{last.rule_period:.0f} "
-                         f"(steps {first.step:.0f}→{last.step:.0f}) as V went {first.variance:.3g}→{last.variance:.3g}")
+                         f"(steps {first.step:.0f}→{last.step:.0f}; V over the {interval[first.name]:.0f} and "
+                         f"{interval[last.name]:.0f} steps before them {first.variance:.3g}→{last.variance:.3g})")
         after = made[made.step >= end]
         if drops and not after.empty and not pre.empty:
             flags.append(after.rule_period.iloc[0] < pre.rule_period.iloc[-1])
@@ -431,9 +434,10 @@ CLAIMS = [
                         note="{why}. Judged on the rule's decisions at their steps (algo_sync_*): per run, more "
                              "synchronisations than CPSGD at the budget's period in the first half of the phase "
                              "before the decay and fewer in the second (every synchronisation counts, the "
-                             "calibration's too); after its calibration the rule's period lengthens as V falls "
-                             "(the {calibration} decisions without a target, while the rule calibrates, are left out "
-                             "of that trend); it resets at the decay, placed at the first step whose lr dropped. "
+                             "calibration's too); after its calibration the rule's period lengthens as V's growth "
+                             "per step falls (the {calibration} decisions without a target, while the rule "
+                             "calibrates, are left out of that trend; V at a synchronisation grows with the interval "
+                             "before it); it resets at the decay, placed at the first step whose lr dropped. "
                              "CPSGD's synchronisations are its schedule's, after steps p-1, 2p-1, ...{premise}"),
                  # Runs that logged no decisions at their steps: the rule's period at log points.
                  Source(period_over_training, Share("flags"),
