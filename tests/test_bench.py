@@ -109,6 +109,15 @@ def test_throughput_tiny(throughput_json):
     # Both methods move one dense allreduce of the same model per step (rank 0 of 2: n elements sent).
     assert ddp["bytes_per_step"] == pytest.approx(summary[("loopback", "ssgd")]["bytes_per_step"])
     assert summary[("loopback", "ssgd")]["collectives_per_step"] == pytest.approx(1.0)
+    # ddp_bf16 runs beside them, the strongest dense baseline: half of ssgd's bytes (2 per element)
+    assert data["methods"] == ["ssgd", "ddp", "ddp_bf16"]
+    bf16 = summary[("loopback", "ddp_bf16")]
+    assert bf16["bytes_per_step"] == pytest.approx(summary[("loopback", "ssgd")]["bytes_per_step"] / 2)
+    fastest = max(("ssgd", "ddp", "ddp_bf16"), key=lambda m: summary[("loopback", m)]["samples_per_s"])
+    for entry in summary.values():
+        assert entry["strongest_dense"] == fastest
+        assert entry["ratio_to_strongest_dense"] == pytest.approx(
+            entry["samples_per_s"] / summary[("loopback", fastest)]["samples_per_s"])
 
 
 def test_throughput_counterbalances_the_order_and_keeps_each_repeats_ratio(monkeypatch):
@@ -145,6 +154,41 @@ def test_throughput_counterbalances_the_order_and_keeps_each_repeats_ratio(monke
     assert throughput.per_repeat_ratios(rows, "loopback", "ssgd", reference="ddp") == pytest.approx([0.8, 1.0, 0.9])
 
 
+def test_throughput_names_the_strongest_dense_baseline_per_network():
+    """The fastest of ssgd, ddp and ddp_bf16 on each network, and every method's rate over it."""
+    import commlab.bench.throughput as throughput
+
+    assert throughput.with_dense_baselines(["ssgd", "oktopk"]) == ["ssgd", "ddp", "ddp_bf16", "oktopk"]
+    assert throughput.with_dense_baselines(["ssgd", "ddp_bf16", "kstep"]) == ["ssgd", "ddp", "ddp_bf16", "kstep"]
+    rates = {("loopback", "ssgd"): 100.0, ("loopback", "ddp"): 110.0, ("loopback", "ddp_bf16"): 105.0,
+             ("loopback", "oktopk"): 90.0, ("100Mbit", "ssgd"): 20.0, ("100Mbit", "ddp"): 21.0,
+             ("100Mbit", "ddp_bf16"): 35.0, ("100Mbit", "oktopk"): 42.0}
+    rows = [{"network": net, "method": method, "repeat": 0, "samples_per_s": rate}
+            for (net, method), rate in rates.items()]
+    methods = ["ssgd", "ddp", "ddp_bf16", "oktopk"]
+    table = {(e["network"], e["method"]): e for e in throughput.summarise(rows, methods, ["loopback", "100Mbit"])}
+    assert {net: table[net, "oktopk"]["strongest_dense"] for net in ("loopback", "100Mbit")} == {
+        "loopback": "ddp", "100Mbit": "ddp_bf16"}
+    assert table["loopback", "oktopk"]["ratio_to_strongest_dense"] == pytest.approx(90 / 110)
+    assert table["100Mbit", "oktopk"]["ratio_to_strongest_dense"] == pytest.approx(42 / 35)
+    assert table["100Mbit", "oktopk"]["ratio_to_ssgd"] == pytest.approx(42 / 20)
+
+
+def test_time_to_accuracy_against_the_strongest_dense_baseline():
+    from commlab.bench.time_to_accuracy import add_speedups
+
+    results = [{"method": "ssgd", "reached": True, "seconds": 100.0},
+               {"method": "ddp_bf16", "reached": True, "seconds": 80.0},
+               {"method": "ddp", "reached": False, "seconds": None},
+               {"method": "kstep", "reached": True, "seconds": 40.0},
+               {"method": "oktopk", "reached": False, "seconds": None}]
+    add_speedups(results)
+    by = {r["method"]: r for r in results}
+    assert by["kstep"]["speedup_vs_ssgd"] == pytest.approx(2.5)
+    assert (by["kstep"]["strongest_dense"], by["kstep"]["speedup_vs_strongest_dense"]) == ("ddp_bf16", 2.0)
+    assert "speedup_vs_strongest_dense" not in by["oktopk"] and "speedup_vs_ssgd" not in by["ddp"]
+
+
 def test_scaling_from_throughput(throughput_json, tmp_path):
     out = tmp_path / "scaling.json"
     rc = BENCHMARKS.get("scaling")(["--profiles", str(throughput_json), "--no-validate",
@@ -172,6 +216,7 @@ def test_time_to_accuracy_tiny(tmp_path):
     (ssgd,) = data["results"]
     assert ssgd["reached"] and ssgd["step"] == 8, ssgd  # 256 / (2 x 16) steps: the first evaluation
     assert ssgd["speedup_vs_ssgd"] == pytest.approx(1.0)
+    assert (ssgd["strongest_dense"], data["strongest_dense"]) == ("ssgd", "ssgd")  # the only dense baseline run
     assert [c["step"] for c in ssgd["curve"]] == [8, 16]
 
 

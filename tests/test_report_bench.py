@@ -13,6 +13,8 @@ from commlab.report.bench import (
     load_bench,
     modelled_speedups,
     provenance,
+    strongest_dense,
+    strongest_dense_note,
     throughput_ratios,
 )
 
@@ -90,3 +92,29 @@ def test_modelled_speedups_by_workers():
     assert list(table.index) == [4, 8]
     assert table.loc[8, "a"] == 2.5 and table.loc[8, "b"] == 1.0
     assert modelled_speedups(scaling, ["c"], "100Mbit").empty
+
+
+def _rates(rates: dict[tuple[str, str], float]) -> dict:
+    return {"summary": [{"network": net, "method": method, "samples_per_s": rate, "ratio_to_ssgd": None}
+                        for (net, method), rate in rates.items()]}
+
+
+def test_the_strongest_dense_baseline_is_the_fastest_dense_method_on_each_link():
+    bench = _rates({("loopback", "ssgd"): 100.0, ("loopback", "ddp"): 110.0, ("loopback", "ddp_bf16"): 105.0,
+                    ("loopback", "oktopk"): 90.0, ("100Mbit", "ssgd"): 20.0, ("100Mbit", "ddp"): 21.0,
+                    ("100Mbit", "ddp_bf16"): 35.0, ("100Mbit", "oktopk"): 42.0})
+    table = strongest_dense(bench)
+    assert table.method.to_dict() == {"loopback": "ddp", "100Mbit": "ddp_bf16"}
+    assert strongest_dense_note(bench, "oktopk") == (
+        "throughput over the strongest dense baseline on the same link (the fastest of ssgd, ddp, ddp_bf16 measured "
+        f"there): loopback {90 / 110:.2f}x (ddp), 100Mbit {42 / 35:.2f}x (ddp_bf16)")
+
+
+def test_the_strongest_dense_note_says_what_is_missing():
+    head = "throughput over the strongest dense baseline on the same link (the fastest of ssgd, ddp, ddp_bf16 " \
+           "measured there): "
+    assert strongest_dense_note(None, "oktopk") == head + "not measured (no throughput benchmark)"
+    older = _rates({("100Mbit", "ssgd"): 20.0, ("100Mbit", "ddp"): 25.0, ("100Mbit", "oktopk"): 30.0})
+    assert strongest_dense_note(older, "oktopk") == head + "100Mbit 1.20x (ddp) (ddp_bf16 not measured)"
+    assert strongest_dense_note(older, "kstep") == head + "not measured (no kstep or dense row in the throughput " \
+                                                          "benchmark)"

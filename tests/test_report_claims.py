@@ -8,6 +8,7 @@ The rules themselves are tested in tests/test_report_rules.py.
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from pathlib import Path
 
@@ -156,11 +157,14 @@ def test_every_paper_declares_its_claims_and_they_evaluate_without_runs(notebook
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
 def test_every_benchmark_a_paper_reads_is_declared(notebook):
     """The workflow builds a report after the benchmark results its claims module declares
-    (``BENCH``): every ``ev.bench("name")`` of the module is among them (an f-string's fixed prefix
-    among their beginnings), and every declared one is read."""
+    (``BENCH``): every ``ev.bench("name")`` of the module, and of the modules its claims' measures
+    come from (the K-step report's descendants), is among them (an f-string's fixed prefix among
+    their beginnings), and every declared one is read."""
     module = declarations(notebook.stem)
     declared = list(getattr(module, "BENCH", []))
-    read = re.findall(r'\.bench\((f?)"([^"{]+)', Path(module.__file__).read_text())
+    files = {module.__file__} | {inspect.getsourcefile(source.measure) for claim in module.CLAIMS
+                                 for source in claim.sources}
+    read = re.findall(r'\.bench\((f?)"([^"{]+)', "\n".join(Path(f).read_text() for f in sorted(files)))
     for fstring, name in read:
         assert any(d == name or (fstring and d.startswith(name)) for d in declared), (name, declared)
     for d in declared:

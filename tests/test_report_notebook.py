@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from commlab.report import claims_baseline as baseline
 from commlab.report import notebook, tables
 from commlab.report.claims import VERDICTS, Claim, write_claims
 from commlab.report.figures import curves
@@ -64,7 +65,7 @@ def test_show_claims_writes_the_table_it_shows(tmp_path, monkeypatch):
     frame = runs([*per_seed("ssgd", [84.0, 84.2, 84.1]), *per_seed("ddp", [84.0, 84.2, 84.1])])
     notebook.show_claims(report(frame, history([]), tmp_path))
     written = json.loads((tmp_path / "baseline/claims.json").read_text())
-    assert written["title"] == "baseline <title>" and len(written["claims"]) == 3
+    assert written["title"] == "baseline <title>" and len(written["claims"]) == len(baseline.CLAIMS) == 5
     accuracy = next(c for c in written["claims"] if c["claim"] == "ssgd and DDP reach the same final test accuracy")
     assert accuracy["verdict"] == "reproduced" and accuracy["seeds"] == "n=3"
     assert shown[0].startswith("<h2>Claims and verdicts</h2>") and 'class="commlab-legend"' in shown[0]

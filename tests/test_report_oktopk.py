@@ -4,6 +4,7 @@ selection and throughput, each with a case for every verdict it can reach."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from commlab.report import claims_oktopk as oktopk
@@ -15,6 +16,10 @@ SELECTION = "Threshold reuse makes selection cheaper than exact top-k"
 THROUGHPUT = ("3.29-12.95x training throughput over dense and the best sparse allreduces, growing with P and as "
               "bandwidth falls")
 ACCURACY = "oktopk: test accuracy within about a point of dense allreduce"
+APPLIED = ("Ok-Topk's update applies about k entries per step (the top-k of the summed accumulations, approximated by "
+           "a reused global threshold)")
+BOUNDED = ("[consistency check] The bounded threshold control applies about k entries per step (within 10% of k on "
+           "average)")
 
 
 def scaling(method: str, worst: dict[int, float], cumulative: dict[int, float]) -> tuple[list[dict], list[tuple]]:
@@ -133,7 +138,8 @@ def test_selection_in_the_runs(ok, ta, verdict):
     assert row.verdict == verdict
     assert row.ours == f"selection per sparse step: Ok-Topk {10 * ok:.2f} ms (local + global) vs exact top-k " \
                        f"{10 * ta:.2f} ms"
-    assert row.note == "CNN, n=218,000, k=4,360 (density 0.02) on 4 workers; "
+    assert row.note == ("CNN, n=218,000, k=4,360 (density 0.02) on 4 workers (Ok-Topk with its default threshold "
+                        "control); ")
 
 
 def test_selection_without_its_metric_is_not_measured():
@@ -170,7 +176,10 @@ def test_throughput_from_the_benchmark(tmp_path, ok, best_sparse, verdict):
     assert row.verdict == verdict
     assert row.note.startswith(f"measured at P=4 by the throughput benchmark, {tmp_path / 'bench/throughput.json'} (")
     assert ("dense SGD's communication share of a step: loopback 80%, 1000Mbit 80%, 100Mbit 80% (ssgd's collectives' "
-            "own time plus its waits on asynchronous allreduces, over its step)") in row.note
+            "own time plus its waits on asynchronous allreduces, over its step); throughput over the strongest dense "
+            "baseline on the same link (the fastest of ssgd, ddp, ddp_bf16 measured there): loopback "
+            f"{ok[0]:.2f}x (ssgd), 1000Mbit {ok[1]:.2f}x (ssgd), 100Mbit {ok[2]:.2f}x (ssgd) (ddp, ddp_bf16 not "
+            "measured)") in row.note
 
 
 def test_throughput_on_emulated_runs_can_give_no_more_than_partly():
@@ -185,3 +194,77 @@ def test_throughput_on_emulated_runs_can_give_no_more_than_partly():
 def test_history_helper_keeps_methods():
     frame = runs([{"name": "oktopk_d1", "method": "oktopk"}])
     assert list(history([("oktopk_d1", 0, "m", 1, 1.0)], frame).method) == ["oktopk"]
+
+
+def applied(name: str, control: str | None, windows: list[tuple[int, float]], seed: int = 0, k: float = 100.0) -> tuple:
+    """One Ok-Topk accuracy run: per log window (its sparse steps, entries applied per sparse step),
+    the logged ``algo_global_selected`` (the window's mean), ``algo_k`` and the cumulative
+    ``algo_sparse_steps``; the first window starts at the end of the dense warm-up."""
+    row = {"name": name, "method": "oktopk", "seed": seed, "test_accuracy": 84.0, "algo_k": k,
+           "param.method_params.density": "0.02"}
+    if control is not None:
+        row["param.method_params.threshold_control"] = control
+    points, total = [], 0
+    for i, (steps, selected) in enumerate(windows):
+        total += steps
+        step = 16 + 8 * (i + 1)
+        points += [(name, seed, "algo_global_selected", step, selected), (name, seed, "algo_k", step, k),
+                   (name, seed, "algo_sparse_steps", step, float(total))]
+        if i % 2 == 0:  # an exact global step in every other window; the method logs it only where one happened
+            points.append((name, seed, "algo_exact_global_steps", step, 1.0 / steps))
+    return row, points
+
+
+def test_entries_applied_are_weighted_by_the_sparse_steps_of_each_window():
+    row, points = applied("oktopk_release", "release", [(8, 200.0), (2, 50.0)])
+    frame = runs([row])
+    table = oktopk.applied_table(evidence(frame, points))
+    # (8 x 2.0 + 2 x 0.5) / 10, not the windows' plain mean 1.25
+    assert table.applied_over_k.tolist() == pytest.approx([1.7])
+    assert (table.lowest_window[0], table.highest_window[0], table.control[0]) == (0.5, 2.0, "release")
+    assert table.exact_global_share[0] == pytest.approx(1 / 10) and table.sparse_steps[0] == 10  # 1 of 10 steps
+    assert np.isnan(table.cuts_per_step[0])  # never logged
+
+
+@pytest.mark.parametrize(("means", "verdict"), [
+    ([0.95, 1.04, 1.08], "reproduced"),
+    ([0.82, 1.05, 1.12], "partly reproduced"),
+    ([0.82, 1.05, 1.21], "contradicted"),  # the laptop grid's measured spread of the release's control
+])
+def test_the_release_control_applies_about_k(means, verdict):
+    rows, points = [], []
+    for seed, mean in enumerate(means):
+        row, mine = applied("oktopk_release", "release", [(8, 100.0 * mean), (8, 100.0 * mean)], seed=seed)
+        rows.append(row)
+        points += mine
+    frame = runs(rows)
+    row = claims(oktopk, frame, points)[APPLIED]
+    assert row.verdict == verdict
+    assert row.ours.startswith("entries applied per sparse step / k, per run: oktopk_release/s0 "
+                               f"{means[0]:.3f}, oktopk_release/s1 {means[1]:.3f}")
+    assert row.note.endswith("; exact global steps 6.2% of the sparse steps; no threshold cut logged")  # 1 of 16
+    assert claims(oktopk, frame, points)[BOUNDED].verdict == "not measured"  # no run of the default control
+
+
+@pytest.mark.parametrize(("mean", "verdict"), [(0.96, "consistent"), (0.85, "inconsistent")])
+def test_the_bounded_control_keeps_about_k(mean, verdict):
+    row, points = applied("oktopk", None, [(8, 100.0), (8, 100.0 * (2 * mean - 1))])
+    table = claims(oktopk, runs([row]), points)
+    assert table[BOUNDED].verdict == verdict
+    assert table[APPLIED].verdict == "not measured"
+
+
+def test_the_release_control_keeps_rows_of_its_own():
+    frame = runs([{"name": "oktopk", "method": "oktopk", "algo_volume_over_k": 4.0, "algo_volume_over_k_max": 4.2},
+                  {"name": "oktopk_release", "method": "oktopk", "algo_volume_over_k": 7.0,
+                   "algo_volume_over_k_max": 9.0, "param.method_params.threshold_control": "release"},
+                  {"name": "topk_allgather", "method": "topk_allgather", "algo_volume_over_k": 6.0,
+                   "algo_volume_over_k_max": 6.0}])
+    table = oktopk.volume_table(evidence(frame))
+    assert table[["method", "control", "cumulative_over_k"]].values.tolist() == [
+        ["oktopk", "bounded", 4.2], ["oktopk", "release", 9.0], ["topk_allgather", "", 6.0]]
+    timed = selection_runs(0.2, 0.5)
+    release = runs([{**timed.iloc[0].to_dict(), "name": "oktopk_release", "selection_seconds": 5.0,
+                     "param.method_params.threshold_control": "release"}])
+    both = runs([*timed.to_dict("records"), *release.to_dict("records")])
+    assert oktopk.selection_in_runs(evidence(both))["ok_ms"] == pytest.approx(2.0)  # the default control's alone

@@ -136,9 +136,17 @@ def test_gain_from_the_throughput_benchmark_per_model(tmp_path, wide_gain, resne
     assert row.verdict == verdict
     assert str(tmp_path / "bench/throughput_wide_mlp.json") in row.note
     assert str(tmp_path / "bench/throughput_resnet20.json") in row.note
+    # beside the strongest dense baseline of each model's file (here ssgd: ddp and ddp_bf16 did not run)
+    assert row.note.endswith(f"Beside ssgd, resnet20: throughput over the strongest dense baseline on the same link "
+                             f"(the fastest of ssgd, ddp, ddp_bf16 measured there): 100Mbit {resnet_gain:.2f}x (ssgd) "
+                             f"(ddp, ddp_bf16 not measured); wide_mlp: throughput over the strongest dense baseline on "
+                             f"the same link (the fastest of ssgd, ddp, ddp_bf16 measured there): 100Mbit "
+                             f"{wide_gain:.2f}x (ssgd) (ddp, ddp_bf16 not measured)")
 
 
 def test_loopback_alone_measures_no_gain():
     row = claims(redsync, gain_frame(1.3, 1.1, network=None))[GAIN]
     assert row.verdict == "not measured"
-    assert row.note.endswith("ssgd/redsync wall time: resnet20: 1.10x, wide_mlp: 1.30x")
+    assert "ssgd/redsync wall time: resnet20: 1.10x, wide_mlp: 1.30x; resnet20: throughput over the strongest dense " \
+           "baseline on the same link (the fastest of ssgd, ddp, ddp_bf16 measured there): not measured (no " \
+           "throughput benchmark); wide_mlp: " in row.note

@@ -25,13 +25,12 @@ import pandas as pd
 import seaborn as sns
 from IPython.display import display
 
-from commlab.report.claims_adpsgd import METRICS, loopback_runs, summary_table, wide_table
+from commlab.report.claims_adpsgd import METRICS, loopback_runs, lr_drops, summary_table, wide_table
 from commlab.report.notebook import nothing, open_report, show, show_claims
 
-# The rule's decisions: at log points (algo_last_sync: the step each refers to) and, where the loop
-# logs them, at their own steps (algo_sync_*).
-DECISIONS = ["algo_last_sync", "algo_sync_variance", "algo_sync_target", "algo_sync_rule_period", "algo_sync_period"]
-rep = open_report(paper, out_dir, tracking_uri, scale, METRICS + [m for m in DECISIONS if m not in METRICS])
+# METRICS holds the rule's decisions at log points (algo_last_sync: the step each refers to) and,
+# where the loop logged them, at their own steps (algo_sync_*).
+rep = open_report(paper, out_dir, tracking_uri, scale, METRICS)
 show_claims(rep)  # declared in commlab.report.claims_adpsgd
 # Runs under emulated links answer the speed-up claim only; the figures show the runs on loopback.
 runs, wide = rep.table(loopback_runs), rep.table(wide_table)
@@ -76,7 +75,8 @@ else:
 # scale; CPSGD's V at its fixed period in grey). Where a run logged its decisions at their own
 # steps (`algo_sync_*`) those are drawn; otherwise each log point's last decision at the step of
 # its synchronisation (`algo_last_sync`: of two synchronisations within one log window, the later).
-# Dotted lines mark learning-rate decays.
+# Decisions without a target are the calibration's. Dotted lines mark learning-rate decays, at the
+# first step whose learning rate dropped.
 
 
 # %%
@@ -126,11 +126,11 @@ else:
     axes[0].set_ylabel("period (steps)")
     axes[1].set_yscale("log")
     axes[1].set_ylabel("V = mean_i ||x_i - x̄||²")
-    lr = base_wide.dropna(subset=["lr"]).sort_values("step").drop_duplicates("step")
+    decays = sorted({step for run_id in decided.run_id.unique() for step in lr_drops(rep.history, run_id)})
     for ax in axes:
         ax.set_xlabel("training step")
         ax.legend(fontsize=7)
-        for step in lr.step[lr.lr.diff() < 0]:  # the first log point after each decay
+        for step in decays:
             ax.axvline(step, color="grey", linestyle=":")
     fig.tight_layout()
     show(rep, fig, "period_and_variance")

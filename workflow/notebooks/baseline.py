@@ -29,8 +29,10 @@ evals = at_evaluations(history) if not history.empty else pd.DataFrame()
 # %% [markdown]
 # ## Curves: loss and test accuracy against samples and against bytes sent
 #
-# Lines are means over seeds, bands one standard deviation. Where the two methods agree to the
-# last digit only one line is visible: ssgd is drawn over ddp.
+# Lines are means over seeds, bands one standard deviation. Where ssgd and ddp agree to the last
+# digit only one line is visible: ssgd is drawn over ddp. ddp_bf16, the strongest dense baseline
+# (DDP with gradients in bfloat16 on the wire), sends half their bytes per step: its curves against
+# bytes sit at half the x.
 
 
 # %%

@@ -16,6 +16,7 @@ import pandas as pd
 from IPython.display import display
 
 from commlab.report.claims_kstep import METRICS, describe, evaluations
+from commlab.report.descendants import descendants_table
 from commlab.report.figures import AXIS_LABELS, curves
 from commlab.report.notebook import nothing, open_report, show, show_claims
 from commlab.report.tables import wide_history
@@ -94,6 +95,48 @@ else:
         curves(smooth, "samples", "train_loss", ax=axes[1], title="training loss (running mean of 8 points)")
     fig.tight_layout()
     show(rep, fig, "accuracy_vs_k")
+
+
+# %% [markdown]
+# ## Today's descendants: reduction momentum, DiLoCo and Streaming DiLoCo
+# Researchers now compare periodic averaging with an outer optimizer on the pseudo-gradient
+# (mean over workers of anchor - replica): DiLoCo (Douillard et al., arXiv 2311.08105) and
+# Streaming DiLoCo (arXiv 2501.18512), which syncs one fragment of the model at a time, overlaps
+# the allreduce with the next steps and sends it in bf16. Here each runs at K-step's global period
+# (H = K = 64) with K-step's inner momentum-SGD steps, so that the count of global reductions
+# compares; they differ in what a reduction does. They coincide (docs/diloco.md; tested in
+# tests/test_diloco.py and tests/test_streaming_diloco.py):
+#
+# | this | equals | when |
+# |---|---|---|
+# | DiLoCo, outer SGD | K-step (`momentum` 0) | outer lr 1, outer momentum 0 |
+# | DiLoCo, outer heavy ball (SGD with momentum mu) | K-step's block momentum mu | `block_lr` = the outer lr |
+# | DiLoCo, outer Nesterov | K-step's Nesterov block momentum | the first outer step only |
+# | Streaming DiLoCo | DiLoCo, bit for bit | one fragment, tau = 0, alpha = 0, fp32 |
+#
+# The table gives each run's accuracy, global reductions (one per fragment for Streaming DiLoCo;
+# `model_syncs` counts whole models), bytes sent per rank, largest allreduce, and the time its
+# reductions block on the throughput benchmark's slowest emulated link: the benchmark's time per
+# reduction (`comm_s` over reductions per step, at a period of 8 so that its 16 steps hold
+# reductions, on its own 4 workers) times the run's reductions. Not measured where the benchmark
+# did not run.
+
+
+# %%
+section = rep.table(descendants_table)
+if section.empty:
+    nothing("No K-step, DiLoCo or Streaming DiLoCo runs at this scale.")
+else:
+    display(section.drop(columns=["method", "outer", "largest_allreduce"]).round(4))
+    display(section[["method", "outer"]].rename(columns={"outer": "what a reduction does"}))
+    names = set(section.index) | set(info[(info.family == "synchronous") & (info.optimizer == "sgd")].name)
+    mine = evals[evals.name.isin(names)] if not evals.empty else evals
+    if not mine.empty:
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4))
+        panel(mine, "reductions_global", axes[0], "test accuracy against global reductions")
+        panel(mine, "samples", axes[1], "test accuracy against samples")
+        fig.tight_layout()
+        show(rep, fig, "descendants")
 
 
 # %% [markdown]

@@ -18,10 +18,14 @@ that reuses a threshold pays for its corrections, and one that does not correct 
 or too few: ``selected_over_k`` is the median count over k and ``selected_over_k_max`` the worst
 call. ``--stream fixed`` calls every entry on one tensor (the lower bound of a reused threshold).
 
-Beside them, ``order_statistics``: the two order statistics a capped correction of Ok-Topk's reads
-from the top-k values (the ⌈7k/8⌉-th and k-th largest), by ``torch.kthvalue`` per rank, by numpy's
-partition (the CPU's way) and by one sort (the GPU's; :func:`commlab.compress.threshold.largest_at_ranks`),
-in shuffled rounds like the selectors'.
+Beside them, ``order_statistics``: the order statistic Ok-Topk's re-aim reads (its bounded
+control's exact-k selection, :meth:`commlab.compress.threshold.ThresholdEstimator.select_pairs`):
+when more than 5k/4 entries pass a reused threshold, the threshold kept is the ⌈9k/8⌉-th largest
+among them, read from an unsorted top-⌈9k/8⌉ of those entries. Here the entries passing are the
+⌈5k/4⌉ + 1 largest |x| (the fewest that call for a re-aim), in the order an unsorted top-k leaves
+them; the rank is read by ``torch.kthvalue``, by numpy's partition (the CPU's way) and by one
+sort (the GPU's; :func:`commlab.compress.threshold.largest_at_ranks`), in shuffled rounds like the
+selectors'.
 
 The JSON holds every timing with ``ratio_topk`` = median / torch.topk and ``ratio_read`` =
 median / read (both < 1 is impossible for ratio_read: it is the floor), and each entry's
@@ -164,14 +168,24 @@ def _largest_by_kthvalue(values: torch.Tensor, ranks: list[int]) -> list[float]:
     return torch.stack([torch.kthvalue(values, values.numel() - r + 1).values for r in ranks]).tolist()
 
 
+def reaim_ranks(k: int, n: int) -> tuple[int, int]:
+    """(entries passing, rank read) of Ok-Topk's re-aim at k of n entries: the fewest that call for
+    one, ⌈5k/4⌉ + 1 (more than 5k/4), and the ⌈9k/8⌉-th largest among them."""
+    passing = min(n, math.ceil(5 * k / 4) + 1)
+    return passing, min(passing, math.ceil(9 * k / 8))
+
+
 def order_statistics(x: torch.Tensor, k: int, rounds: int, clock: str = "wall", seed: int = 0) -> dict:
-    """Median seconds of the ⌈7k/8⌉-th and k-th largest of |x|'s top-k values (in the order an
-    unsorted top-k leaves them) by kthvalue per rank, by numpy's partition (CPU only) and by one
-    sort, in ``rounds`` rounds of one call each, shuffled as in :func:`measure` (the first round
-    apart). kthvalue is left out on the CPU above k = 100,000: quadratic there, it would take
-    about 40 s a call at 100M elements (k = 1M)."""
-    top = torch.topk(x.abs(), k, sorted=False).values
-    ranks = sorted({math.ceil(7 * k / 8), k})
+    """Median seconds of Ok-Topk's re-aim (:func:`reaim_ranks`): the ⌈9k/8⌉-th largest of the
+    unsorted top-⌈9k/8⌉ of the entries passing (the ⌈5k/4⌉ + 1 largest |x|, in the order an
+    unsorted top-k leaves them) by kthvalue, by numpy's partition (CPU only) and by one sort, in
+    ``rounds`` rounds of one call each, shuffled as in :func:`measure` (the first round apart).
+    kthvalue is left out on the CPU above k = 100,000: quadratic there, it would take about 40 s a
+    call at 100M elements (k = 1M)."""
+    passing, rank = reaim_ranks(k, x.numel())
+    entries = torch.topk(x.abs(), passing, sorted=False).values
+    top = torch.topk(entries, rank, sorted=False).values
+    ranks = [rank]
     ways = {"sort": largest_by_sort}
     if x.device.type != "cpu" or k <= MAX_CPU_KTHVALUE:
         ways["kthvalue"] = _largest_by_kthvalue
@@ -183,7 +197,8 @@ def order_statistics(x: torch.Tensor, k: int, rounds: int, clock: str = "wall", 
     for _ in range(rounds + 1):
         for name, seconds, _out in _one_round(calls, x.device, clock, shuffler):
             times[name].append(seconds)
-    return {"k": k, **{f"{name}_s": statistics.median(ts[1:]) for name, ts in times.items()}}
+    return {"k": k, "passing": passing, "rank": rank,
+            **{f"{name}_s": statistics.median(ts[1:]) for name, ts in times.items()}}
 
 
 @BENCHMARKS.register("selection")
@@ -259,11 +274,13 @@ def selection(argv: list[str], json_path: str | None = None) -> int:
                            ("ratio_topk", "x topk"), ("ratio_read", "x read"), ("bytes_per_element", "bytes/elem"),
                            ("selected_over_k", "selected / k"),
                            ("selected_over_k_max", "worst / k")])]
-    md += ["", "The ⌈7k/8⌉-th and k-th largest of the top-k values (a capped correction of Ok-Topk's), median ms: "
-           "torch.kthvalue per rank, numpy's partition (the CPU's way), one sort (a GPU's).", "",
+    md += ["", "Ok-Topk's re-aim: the ⌈9k/8⌉-th largest of the entries passing a reused threshold when more "
+           "than 5k/4 pass (here the ⌈5k/4⌉ + 1 largest), read from their unsorted top-⌈9k/8⌉, median ms: "
+           "torch.kthvalue, numpy's partition (the CPU's way), one sort (a GPU's).", "",
            md_table([{**r, **{f"{w}_ms": 1000 * r[f"{w}_s"] for w in ("kthvalue", "partition", "sort")
                               if f"{w}_s" in r}} for r in ranked],
-                    [("device", "device"), ("elements", "n"), ("k", "k"), ("kthvalue_ms", "kthvalue ms"),
+                    [("device", "device"), ("elements", "n"), ("k", "k"), ("passing", "passing"),
+                     ("rank", "rank read"), ("kthvalue_ms", "kthvalue ms"),
                      ("partition_ms", "partition ms"), ("sort_ms", "sort ms")])]
     md += [f"\nNot measured: {s['device']} {s.get('elements', '')}: {s['reason']}" for s in skipped]
     payload = {"density": args.density, "calls": args.calls, "budget_s": args.budget, "clock": args.clock,

@@ -19,7 +19,12 @@ that no method always runs first after a link is set up, or always right after t
 and the median is reported; each method's ratio to ``ssgd`` within each repeat is kept too
 (``ratio_per_repeat``), to show the spread that one short window has. ``ddp`` always runs beside
 ``ssgd`` (added when ``--methods`` leaves it out): ``ssgd / ddp``, per network, says how the dense
-reference every ratio divides by compares with what a PyTorch user runs.
+reference every ratio divides by compares with what a PyTorch user runs. ``ddp_bf16`` runs beside
+them too (added likewise): DDP with its bf16 compression hook, the strongest dense baseline of the
+suite (Agarwal et al., MLSys'22: a 16-bit, overlapped DDP is what compression has to beat). Per
+network the summary names the fastest of ``ssgd``, ``ddp`` and ``ddp_bf16`` there
+(``strongest_dense``) and gives every method's samples/s over it (``ratio_to_strongest_dense``)
+beside its ratio to ``ssgd``.
 Emulated links need root and iproute2; without them those columns are skipped with the reason.
 On emulated links each run also records the bytes its links carried in the measured window, per
 rank and summed, beside the accounted bytes (``wire`` in the JSON; ``commlab bench wire`` turns
@@ -53,6 +58,21 @@ from commlab.bench.common import (
     write_report,
 )
 from commlab.registry import BENCHMARKS
+
+#: The dense baselines every invocation measures; the fastest on a link is the strongest there.
+DENSE_BASELINES = ("ssgd", "ddp", "ddp_bf16")
+
+
+def with_dense_baselines(methods: list[str]) -> list[str]:
+    """``methods`` (ssgd first) with every dense baseline of :data:`DENSE_BASELINES` right after
+    ssgd, in that order."""
+    return [methods[0], *DENSE_BASELINES[1:], *(m for m in methods[1:] if m not in DENSE_BASELINES)]
+
+
+def strongest_dense(table: list[dict], net: str) -> dict | None:
+    """The summary entry of the fastest dense baseline measured on ``net`` (None without one)."""
+    dense = [e for e in table if e["network"] == net and e["method"] in DENSE_BASELINES and e.get("samples_per_s")]
+    return max(dense, key=lambda e: e["samples_per_s"]) if dense else None
 
 
 def run_order(methods: list[str], repeat: int) -> list[str]:
@@ -132,7 +152,8 @@ def per_repeat_ratios(rows: list[dict], net: str, method: str, reference: str = 
 
 def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list[dict]:
     """Median over repeats per (network, method), the ratio of the medians to ssgd's on the same
-    network, and the ratio within each repeat."""
+    network, the ratio within each repeat, and the ratio to the strongest dense baseline there
+    (:func:`strongest_dense`, named)."""
     table = []
     for net in networks:
         dense = [r["samples_per_s"] for r in rows if r["network"] == net and r["method"] == "ssgd"
@@ -157,6 +178,10 @@ def summarise(rows: list[dict], methods: list[str], networks: list[str]) -> list
                     if values := [w[source] for w in wired if source in w]:
                         entry[key] = statistics.median(values)
             table.append(entry)
+        strongest = strongest_dense(table, net)
+        for entry in (e for e in table if e["network"] == net and e.get("samples_per_s") and strongest):
+            entry["strongest_dense"] = strongest["method"]
+            entry["ratio_to_strongest_dense"] = entry["samples_per_s"] / strongest["samples_per_s"]
     return table
 
 
@@ -178,9 +203,8 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
     if args.max_steps < 2 * args.log_every:
         parser.error(f"--max-steps ({args.max_steps}) must be at least 2 x --log-every ({args.log_every})")
     args.dataset = resolve_dataset(args)
-    methods = resolve_methods(args.methods)
-    if "ddp" not in methods:
-        methods.insert(1, "ddp")  # the external reference for ssgd
+    # ddp: the external reference for ssgd; ddp_bf16: the strongest dense baseline
+    methods = with_dense_baselines(resolve_methods(args.methods))
     names = [network_name(n) for n in args.networks]
 
     workdir = Workdir(keep=args.keep)
@@ -207,13 +231,15 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
             net = entry["network"]
             line[f"{net}_rate"] = entry.get("samples_per_s")
             line[f"{net}_ratio"] = entry.get("ratio_to_ssgd") if "error" not in entry else "failed"
+            line[f"{net}_strongest"] = entry.get("ratio_to_strongest_dense")
             line["bytes_per_step"] = line.get("bytes_per_step") or entry.get("bytes_per_step")
             line[f"{net}_wire"] = entry.get("wire_over_accounted")
         wide.append(line)
     columns = [("method", "method")]
     for net in names:
         if net not in skipped:
-            columns += [(f"{net}_rate", f"{net} samples/s"), (f"{net}_ratio", f"{net} / ssgd")]
+            columns += [(f"{net}_rate", f"{net} samples/s"), (f"{net}_ratio", f"{net} / ssgd"),
+                        (f"{net}_strongest", f"{net} / strongest dense")]
     columns.append(("bytes_per_step", "bytes sent/step (rank 0)"))
     columns += [(f"{net}_wire", f"{net} wire payload / accounted") for net in names
                 if net != "loopback" and net not in skipped]
@@ -229,6 +255,10 @@ def throughput(argv: list[str], json_path: str | None = None) -> int:
                (f"{net} {ratio:.3f}" if ratio else f"{net} n/a")
                + (f" ({', '.join(f'{x:.3f}' for x in versus_ddp_each[net])})" if versus_ddp_each[net] else "")
                for net, ratio in versus_ddp.items())]
+    strongest = {net: strongest_dense(table, net) for net in measured}
+    md += ["", "Strongest dense baseline per network (the fastest of " + ", ".join(DENSE_BASELINES) + "): " + "; ".join(
+        f"{net} {entry['method']} ({entry['samples_per_s']:.0f} samples/s)" if entry else f"{net} not measured"
+        for net, entry in strongest.items())]
     for net, reason in skipped.items():
         md += ["", f"{net}: skipped ({reason})"]
     failed = [e for e in table if "error" in e]

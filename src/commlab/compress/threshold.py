@@ -11,17 +11,13 @@ reused threshold follows the data, by :class:`ThresholdOptions`:
   ``lower``·k -> / ``down``. A guard first raises a reused threshold by ``guard_scale``, at most
   ``guard_loops`` times, while more than ``guard_factor``·k would pass. The count is only
   steered into the band [``lower``·k, ``upper``·k].
-* **capped** (``cap`` > 0): never more than ``cap``·k selected (the exact top-(cap·k) of those
-  passing when more pass); fewer than ``lower``·k passing -> the exact threshold at that step.
-  Either correction keeps for the next steps the threshold that selects the middle of
-  [``lower``·k, ``cap``·k] (at most the k-th largest after a recompute from below).
 * **exact k** (``exact_k``, Ok-Topk's bounded control): exactly the top-k at every step. The
   reused threshold only narrows the candidates: while at least k pass, the top-k of those is
   the tensor's. Fewer than k passing -> the exact threshold; more than ``upper``·k -> re-aimed
   among those passing. The threshold kept aims at (1 + ``upper``)/2 · k entries.
 
 Invariants: a selection's positions ascend and its values are x's there; ties at an exact
-threshold are trimmed to the cap (capped) or to k (exact k); at a threshold of 0 every non-zero
+threshold are trimmed to k (exact k); at a threshold of 0 every non-zero
 entry passes, so k >= the number of candidates selects all of them (density 1 equals dense);
 NaN passes every threshold. ``exact_computations`` counts exact thresholds, ``recomputes`` the
 corrections outside the tau steps.
@@ -66,7 +62,6 @@ class ThresholdOptions:
     guard_factor: float = 1.5  # guard: raise a reused threshold while more than this * k pass
     guard_scale: float = 1.03  # guard: factor of each raise
     guard_loops: int = 5  # guard: at most this many raises per step (0: no guard)
-    cap: float = 0.0  # > 0: never select more than cap*k; recompute exactly when out of [lower*k, cap*k]
     exact_k: bool = False  # select exactly the top-k every step: the reused threshold only narrows the candidates
 
     def validate(self) -> None:
@@ -81,11 +76,8 @@ class ThresholdOptions:
             raise ValueError(f"guard_factor must be >= 1, got {self.guard_factor}")
         if self.guard_loops < 0:
             raise ValueError(f"guard_loops must be >= 0, got {self.guard_loops}")
-        if self.cap and not self.lower <= self.cap:
-            raise ValueError(f"cap must be 0 (off) or >= lower ({self.lower}), got {self.cap}")
-        if self.exact_k and (self.cap or self.guard_loops):
-            raise ValueError(f"exact_k replaces the cap and the guard: need cap=0 and guard_loops=0, got "
-                             f"cap={self.cap}, guard_loops={self.guard_loops}")
+        if self.exact_k and self.guard_loops:
+            raise ValueError(f"exact_k replaces the guard: need guard_loops=0, got guard_loops={self.guard_loops}")
 
 
 def kth_largest(magnitudes: torch.Tensor, k: int) -> float:
@@ -213,7 +205,7 @@ class ThresholdEstimator:
         self.options.validate()
         self.value: float | None = None
         self.exact_computations = 0
-        self.recomputes = 0  # exact thresholds forced by the cap (count out of [lower*k, cap*k])
+        self.recomputes = 0  # corrections outside the tau steps (exact k: too few passing, or a re-aim)
         self.scratch = Scratch()  # mask buffers reused from step to step
 
     def due(self, step: int) -> bool:
@@ -232,11 +224,9 @@ class ThresholdEstimator:
 
     def select_pairs(self, x: torch.Tensor, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`select`'s indices and the values of ``x`` there (kept as the selection reads
-        them: the guard and the cap work on these, and a caller need not gather them again)."""
+        them: the guard works on these, and a caller need not gather them again)."""
         if self.options.exact_k:
             return self._select_exact_k(x, k, step)
-        if self.options.cap:
-            return self._select_capped(x, k, step)
         if self.due(step):
             idx, vals, _ = self._exact(x, k)
         else:
@@ -249,37 +239,6 @@ class ThresholdEstimator:
             if j is not None:
                 self.value = raises[j]
         self.observe(idx.numel(), k)
-        return idx, vals
-
-    def _select_capped(self, x: torch.Tensor, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """At most cap*k entries: more pass the reused threshold -> the exact top-(cap*k) of those
-        that pass (they hold all of them: cheap, no pass over the whole tensor); fewer than
-        lower*k -> the exact threshold. After either, the threshold kept for the next steps
-        selects the middle of the band ((lower + cap)/2 · k), so that a count drifting up stays
-        in the band for a while instead of forcing a correction every step."""
-        o = self.options
-        cap = int(o.cap * k)
-        aim = max(1, math.ceil((o.lower + o.cap) / 2 * k))
-        due = self.due(step)
-        if due:
-            idx, vals, _ = self._exact(x, k)
-        else:
-            idx, vals = select_pairs_at_least(x, self.value, self.scratch)
-            if idx.numel() < o.lower * k and k < x.numel():
-                # the reused threshold passes too few: it is a guess from above of the exact one;
-                # the recompute ranks the top k only, so a band's middle above k (a cap above
-                # 2 - lower) keeps the k-th largest, which selects k, inside the band too
-                self.recomputes += 1
-                idx, vals, ranked = self._exact(x, k, also=(min(aim, k),))
-                self.value = ranked[0]
-        if idx.numel() > cap:   # ties at an exact threshold, or a reused one fallen behind
-            # unsorted: the same entries as a sorted top-k (the sort only orders them)
-            top = torch.topk(vals.abs(), cap, sorted=False)
-            order = torch.sort(top.indices).values  # idx ascends: so do the kept positions
-            idx, vals = idx[order], vals[order]
-            if not due:
-                self.recomputes += 1
-                self.value = largest_at_ranks(top.values, [min(aim, cap)])[0]
         return idx, vals
 
     def _select_exact_k(self, x: torch.Tensor, k: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

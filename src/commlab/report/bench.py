@@ -15,6 +15,13 @@ holds no run with a ``network`` setting, and name the file they read.
 The claims judge such ratios with :class:`commlab.report.rules.SpeedTrend`. The communication
 share of a step is (collectives' own time + waits on asynchronous ones) / step, the benchmark's
 ``comm_s / step_s``, the same for every method (:data:`commlab.bench.common.TIMING_FIELDS`).
+
+A verdict stays about the paper's claim against the paper's own baseline. Every speed claim's
+note also sets the method beside the strongest dense baseline on the same link
+(:func:`strongest_dense_note`): the fastest of ``ssgd``, ``ddp`` and ``ddp_bf16`` measured there
+(Agarwal et al., MLSys'22: a 16-bit, overlapped DDP is the baseline compression has to beat).
+
+    strongest_dense_note(bench, "oktopk")   # 'throughput over the strongest dense baseline on the same link ...'
 """
 
 from __future__ import annotations
@@ -100,3 +107,37 @@ def modelled_speedups(scaling: dict, methods: list[str], link: str, key: str = "
     if not rows:
         return pd.DataFrame()
     return pd.DataFrame(rows).pivot_table(index="workers", columns="method", values="speedup_vs_dense")
+
+
+#: The dense baselines the throughput benchmark measures (commlab.bench.throughput.DENSE_BASELINES).
+DENSE_BASELINES = ("ssgd", "ddp", "ddp_bf16")
+
+
+def strongest_dense(bench: dict) -> pd.DataFrame:
+    """Per network (fastest link first): the fastest dense baseline measured there (``method``) and
+    its samples/s (``rate``); a network without one is left out."""
+    rates = throughput_ratios(bench, "samples_per_s")
+    dense = [m for m in DENSE_BASELINES if m in rates]
+    if not dense:
+        return pd.DataFrame(columns=["method", "rate"])
+    table = rates[dense].dropna(how="all")
+    return pd.DataFrame({"method": table.idxmax(axis=1), "rate": table.max(axis=1)})
+
+
+def strongest_dense_note(bench: dict | None, method: str) -> str:
+    """'throughput over the strongest dense baseline on the same link (the fastest of ssgd, ddp,
+    ddp_bf16 measured there): loopback 0.93x (ddp), 100Mbit 1.12x (ddp_bf16)': ``method``'s samples/s
+    over it per network of the throughput benchmark, for a speed claim's note. Says what is missing
+    instead: no benchmark, no row of the method, a dense baseline not measured."""
+    head = ("throughput over the strongest dense baseline on the same link (the fastest of "
+            + ", ".join(DENSE_BASELINES) + " measured there)")
+    if not bench:
+        return head + ": not measured (no throughput benchmark)"
+    rates, strongest = throughput_ratios(bench, "samples_per_s"), strongest_dense(bench)
+    if method not in rates or strongest.empty:
+        return head + f": not measured (no {method} or dense row in the throughput benchmark)"
+    ratios = [f"{net} {rates.loc[net, method] / row.rate:.2f}x ({row.method})" for net, row in strongest.iterrows()
+              if net in rates.index and pd.notna(rates.loc[net, method])]
+    absent = [m for m in DENSE_BASELINES if m not in rates]
+    return (head + ": " + (", ".join(ratios) or "not measured")
+            + (f" ({', '.join(absent)} not measured)" if absent else ""))

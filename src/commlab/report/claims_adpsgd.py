@@ -7,27 +7,47 @@ governed by the variance of the parameters across nodes.
 
 Runs on emulated links (a ``network`` setting) answer the speed-up claim only; every other claim
 uses the runs on loopback. Without emulated runs in MLflow the speed claim reads the throughput
-benchmark (the report's ``bench/throughput.json``). Comparisons with CPSGD are paired by seed
+benchmark (the report's ``bench/throughput.json``), whose note also sets ADPSGD beside the
+strongest dense baseline on each link. Comparisons with CPSGD are paired by seed
 (:mod:`commlab.report.paired`).
+
+The period claim reads the rule's decisions at the steps they were taken (``algo_sync_*``, one
+point per synchronisation, numbered as the steps are: the first step is 0): V, the target (absent
+while the rule calibrates), the rule's period and the period in force. A decay is placed at the
+first step whose learning rate dropped: inside the log window where the logged lr fell below half
+the previous point's, at the epoch boundary there (a step schedule decays between epochs; the lr
+logged at point c is step c - 1's).
 """
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pandas as pd
 
-from commlab.report.bench import dense_comm_share, environment_note, provenance, throughput_ratios
+from commlab.report.bench import (
+    dense_comm_share,
+    environment_note,
+    provenance,
+    strongest_dense_note,
+    throughput_ratios,
+)
 from commlab.report.claims import Declared, Evidence, NotMeasured, Source, mean_sd
 from commlab.report.paired import difference
 from commlab.report.rules import Better, Conditions, Reaches, Share, SpeedTrend, Unmeasurable
 from commlab.report.tables import by_seed, link_mbit, param, wide_history
 
+#: The rule's decisions, one point per synchronisation at its own step (absent from older runs).
+DECISIONS = ["algo_sync_variance", "algo_sync_target", "algo_sync_rule_period", "algo_sync_period"]
 METRICS = ["train_loss", "test_accuracy", "lr", "bytes_sent", "reductions_global", "wall_seconds",
-           "algo_period", "algo_rule_period", "algo_variance", "algo_target", "algo_retightens"]
+           "algo_period", "algo_rule_period", "algo_variance", "algo_target", "algo_retightens", "algo_last_sync",
+           *DECISIONS]
 BENCH = ["throughput"]  # the benchmark results the claims read (built before this report)
 PAPER_SPEEDUP = (1.46, 1.95)  # at 10 Gbit/s, the paper's slower link
 HALF_BYTES, SAME_STEPS = 0.6, 1.1  # "as fast with about half": at most 0.6 of the bytes, 1.1 of the steps
 CORRELATION = 0.5  # Spearman's rho at which the variance "governs" the loss
+LR_DROP = 0.5  # a logged lr below this fraction of the previous point's is a decay (ADPSGD's lr_drop_ratio)
 PAPER = "abstract; CIFAR-10/ImageNet CNNs, GPU cluster"
 FASTER = "ADPSGD is faster than full-communication SGD, more so on slower networks"
 FASTER_PAPER = "abstract: 1.14-1.27x at 100 Gbit/s, 1.46-1.95x at 10 Gbit/s"
@@ -121,15 +141,18 @@ def against_cpsgd(col: str, lower: bool, unit: str):
         runs, pairs = ev.table(loopback_runs), ev.table(budget_pairs)
         if not pairs:
             return None
-        rows, cases = [], []
+        rows, cases, budgets = [], [], []
         for a, c in pairs:
             va, vc = (by_seed(runs[runs.name == n], col) for n in (a, c))
             better = difference(vc, va) if lower else difference(va, vc)
             ra, rc = (runs[runs.name == n].reductions_global.mean() for n in (a, c))
             cases.append((f"{a} vs {c}", better, bool(ra <= rc)))
+            budgets.append(f"{a} with {ra:.0f} syncs against {c}'s {rc:.0f}")
             rows.append(f"{a} {mean_sd(va)} vs {c} {mean_sd(vc)} ({ra:.0f} vs {rc:.0f} syncs); ADPSGD better by "
                         + (better.describe(unit) if better is not None else "not measured"))
-        return {"rows": "; ".join(rows), "cases": cases, "pairs": len(pairs)}
+        pairs_text = (f"a single budget pair at this scale ({budgets[0]}): it alone decides" if len(pairs) == 1
+                      else f"{len(pairs)} budget pairs")
+        return {"rows": "; ".join(rows), "cases": cases, "pairs": len(pairs), "pairs_text": pairs_text}
     return measure
 
 
@@ -192,7 +215,7 @@ def speed_on_emulated_runs(ev: Evidence) -> dict | None:
     return {"any_faster": any(s > 1 for s in speed.values()), "all_faster": all(s > 1 for s in speed.values()),
             "grows": speed[order[0]] >= speed[order[-1]],  # the slowest link gains the most
             "text": ", ".join(f"{bw:g} Mbit/s: {x:.2f}x" for bw, x in sorted(speed.items())),
-            "loopback": loopback_reference(ev)}
+            "loopback": loopback_reference(ev), "strongest": strongest_dense_note(ev.bench("throughput"), "adpsgd")}
 
 
 def speed_on_bench(ev: Evidence) -> dict | None:
@@ -202,12 +225,13 @@ def speed_on_bench(ev: Evidence) -> dict | None:
     if "adpsgd" not in table:
         return None
     return {"ratios": table["adpsgd"], "provenance": provenance(bench), "share": dense_comm_share(bench),
+            "strongest": strongest_dense_note(bench, "adpsgd"),
             "cpsgd": (", CPSGD / SSGD " + ", ".join(f"{n}: {r:.2f}x" for n, r in table["cpsgd"].items())
                       if "cpsgd" in table else "")}
 
 
 def speed_not_measured(ev: Evidence) -> dict:
-    return {"loopback": loopback_reference(ev)}
+    return {"loopback": loopback_reference(ev), "strongest": strongest_dense_note(ev.bench("throughput"), "adpsgd")}
 
 
 def variance_premise(ev: Evidence) -> str:
@@ -268,6 +292,93 @@ def period_over_training(ev: Evidence) -> dict | NotMeasured | None:
             "judged": judged, "premise": variance_premise(ev)}
 
 
+def lr_drops(history: pd.DataFrame, run_id) -> list[int]:
+    """The first step (numbered from 0, as the decisions are) of each learning-rate decay of a run,
+    from its long history: a log point whose lr is below ``LR_DROP`` times the previous point's
+    closes a window in which the decay happened; the lr logged at point c is step c - 1's, so the
+    first lower step lies in [previous point, c - 1]. A step schedule decays at an epoch boundary:
+    the evaluation logged in that range marks it; without one, c - 1."""
+    mine = history[history.run_id == run_id]
+    lr = mine[mine.metric == "lr"].sort_values("step")
+    epochs = sorted(mine[mine.metric == "test_accuracy"].step.unique())
+    drops = []
+    for (before, high), (after, low) in pairwise(zip(lr.step, lr.value, strict=True)):
+        if low < LR_DROP * high:
+            inside = [e for e in epochs if before <= e <= after - 1]
+            drops.append(int(inside[-1]) if inside else int(after - 1))
+    return drops
+
+
+def decisions(history: pd.DataFrame, run_id) -> pd.DataFrame:
+    """The rule's decisions of a run, one row per synchronisation at its step: ``variance`` (V),
+    ``target`` (NaN while the rule calibrates), ``rule_period`` and ``period`` (in force)."""
+    columns = ["step", *(key.removeprefix("algo_sync_") for key in DECISIONS)]
+    mine = history[(history.run_id == run_id) & history.metric.isin(DECISIONS)]
+    if mine.empty:
+        return pd.DataFrame(columns=columns)
+    wide = mine.pivot_table(index="step", columns="metric", values="value").reset_index()
+    wide.columns = [str(c).removeprefix("algo_sync_") for c in wide.columns]
+    return wide.reindex(columns=columns).sort_values("step").reset_index(drop=True)
+
+
+def cpsgd_sync_steps(period: int, end: int) -> list[int]:
+    """CPSGD's synchronisations before step ``end``: after steps p - 1, 2p - 1, ... (its fixed
+    schedule, the same on every seed; the final average comes at the run's last step)."""
+    return list(range(period - 1, end, period))
+
+
+def _halves(steps, end: int) -> tuple[int, int]:
+    """How many of ``steps`` fall in the first and in the second half of [0, end)."""
+    steps = [s for s in steps if s < end]
+    return sum(s < end / 2 for s in steps), sum(s >= end / 2 for s in steps)
+
+
+def rule_over_training(ev: Evidence) -> dict | None:
+    """Per ADPSGD run, from the rule's decisions at their steps (:func:`decisions`): its
+    synchronisations in each half of the phase before the first decay against CPSGD's at the
+    budget's period (often early: more in the first half; rarely later: fewer in the second);
+    after its calibration (decisions with a target), whether the rule's period lengthened from
+    the first such decision to the last before the decay, and V at both; at the decay
+    (:func:`lr_drops`), whether the first decision from it chose a shorter period than the last
+    one before it. None where no ADPSGD run logged its decisions."""
+    runs, history = ev.table(loopback_runs), ev.history
+    ad_runs = runs[runs.method == "adpsgd"] if not runs.empty else runs
+    if ad_runs.empty or history.empty or not history.metric.isin(DECISIONS).any():
+        return None
+    rows, flags, calibrating = [], [], 0
+    for r in ad_runs.sort_values(["name", "seed"]).itertuples():
+        made = decisions(history, r.run_id)
+        if made.empty:
+            continue
+        calibrating += int(made.target.isna().sum())
+        drops = lr_drops(history, r.run_id)
+        end = drops[0] if drops else int(made.step.max()) + 1
+        pre = made[made.step < end]
+        ours = _halves(pre.step, end)
+        parts = [f"{r.name}/s{r.seed}: syncs per half of steps 0-{end - 1} {ours[0]}/{ours[1]}"]
+        if np.isfinite(r.budget_period):
+            cpsgd = _halves(cpsgd_sync_steps(int(r.budget_period), end), end)
+            parts[0] += f" vs CPSGD p{int(r.budget_period)} {cpsgd[0]}/{cpsgd[1]}"
+            flags += [ours[0] > cpsgd[0], ours[1] < cpsgd[1]]
+        ruled = pre[pre.target.notna()]
+        if len(ruled) >= 2:
+            first, last = ruled.iloc[0], ruled.iloc[-1]
+            flags.append(last.rule_period > first.rule_period)
+            # V at a synchronisation is taken over the interval before it: a longer one drifts further
+            interval = made.step.diff().fillna(made.step + 1)
+            parts.append(f"after calibration the rule's period {first.rule_period:.0f}→{last.rule_period:.0f} "
+                         f"(steps {first.step:.0f}→{last.step:.0f}; V over the {interval[first.name]:.0f} and "
+                         f"{interval[last.name]:.0f} steps before them {first.variance:.3g}→{last.variance:.3g})")
+        after = made[made.step >= end]
+        if drops and not after.empty and not pre.empty:
+            flags.append(after.rule_period.iloc[0] < pre.rule_period.iloc[-1])
+            parts.append(f"at the decay (step {end}) {pre.rule_period.iloc[-1]:.0f}→{after.rule_period.iloc[0]:.0f}")
+        rows.append(", ".join(parts))
+    if not rows:
+        return None
+    return {"rows": "; ".join(rows), "flags": flags, "premise": variance_premise(ev), "calibration": calibrating}
+
+
 def variance_and_loss(ev: Evidence) -> dict | None:
     """Spearman's rank correlation of the time-averaged variance V and the final training loss
     over the cpsgd and adpsgd runs."""
@@ -285,7 +396,7 @@ def _against_cpsgd_claim(col: str, label: str, lower: bool, unit: str) -> Declar
         claim=f"ADPSGD reaches {better} {label} than CPSGD with equal or less communication", paper=PAPER,
         sources=(Source(against_cpsgd(col, lower, unit), Better("cases"), ours="{rows}",
                         note="{why}: a budget pair holds when ADPSGD is better beyond the noise, paired over seeds "
-                             "(commlab.report.paired), with no more syncs"),),
+                             "(commlab.report.paired), with no more syncs; {pairs_text}"),),
         missing="no ADPSGD/CPSGD pair", needs="needs cpsgd and adpsgd runs with the same period/budget_period")
 
 
@@ -306,19 +417,30 @@ CLAIMS = [
     Declared(
         claim=FASTER, paper=FASTER_PAPER,
         sources=(Source(speed_on_emulated_runs, Conditions("any_faster", also=("all_faster", "grows")), ours="{text}",
-                        note="time to a common training loss under emulated links{loopback}"),
+                        note="time to a common training loss under emulated links{loopback}; {strongest}"),
                  # Without such runs in MLflow, the throughput benchmark measured the same ratio on emulated links.
                  Source(speed_on_bench, SpeedTrend("ratios", paper=PAPER_SPEEDUP),
                         ours="throughput ADPSGD / SSGD, {why}{cpsgd}",
                         note="samples/s measured side by side by the throughput benchmark, {provenance}; share of a "
-                             "dense SGD step spent communicating: {share}"),
+                             "dense SGD step spent communicating: {share}; {strongest}"),
                  Source(speed_not_measured, Unmeasurable(), ours="no runs under emulated bandwidth",
                         note="needs runs with a `network` setting (emulated links) or `snakemake bench` (the "
-                             "report's bench/throughput.json){loopback}"))),
+                             "report's bench/throughput.json){loopback}; {strongest}"))),
     Declared(
         claim="Synchronise often early and rarely later; re-tighten after a learning-rate decay",
         paper="abstract (principle); our reconstruction of the rule",
-        sources=(Source(period_over_training, Share("flags"),
+        sources=(Source(rule_over_training, Share("flags"),
+                        ours="{rows}",
+                        note="{why}. Judged on the rule's decisions at their steps (algo_sync_*): per run, more "
+                             "synchronisations than CPSGD at the budget's period in the first half of the phase "
+                             "before the decay and fewer in the second (every synchronisation counts, the "
+                             "calibration's too); after its calibration the rule's period lengthens as V's growth "
+                             "per step falls (the {calibration} decisions without a target, while the rule "
+                             "calibrates, are left out of that trend; V at a synchronisation grows with the interval "
+                             "before it); it resets at the decay, placed at the first step whose lr dropped. "
+                             "CPSGD's synchronisations are its schedule's, after steps p-1, 2p-1, ...{premise}"),
+                 # Runs that logged no decisions at their steps: the rule's period at log points.
+                 Source(period_over_training, Share("flags"),
                         ours="the rule's period, mean over the first vs last quarter before the decay: {rows}; the "
                              "rule's period shortened right after the decay in {tightened}/{runs} runs",
                         note="{judged}{premise}"),),

@@ -5,6 +5,12 @@ averaging by a bucketed allreduce, the same updates as local SGD on the global b
 Measured on the runs ``ssgd`` and ``ddp`` of config/papers/baseline.yaml (same seeds): their
 training-loss curves, final test accuracies (paired by seed) and bytes sent per step, the last
 against one ring allreduce of the gradient (Patarasuk & Yuan 2009).
+
+Beside them ``ddp_bf16``, the strongest dense baseline (Agarwal et al., "On the utility of gradient
+compression in distributed training systems", MLSys'22: a 16-bit, overlapped DDP is what gradient
+compression has to beat): its accuracy against ssgd's, paired by seed and judged at convergence
+(:func:`commlab.report.tables.parity`), and its bytes per step, half of ssgd's by construction (2
+bytes per element on the wire instead of 4).
 """
 
 from __future__ import annotations
@@ -13,14 +19,17 @@ import numpy as np
 import pandas as pd
 
 from commlab.report.claims import Declared, Evidence, NotMeasured, Source, mean_sd
+from commlab.report.metrics import ACCURACY
 from commlab.report.paired import difference
-from commlab.report.rules import Consistency, Within
-from commlab.report.tables import by_seed, bytes_per_step, wide_history
+from commlab.report.rules import AccuracyMatch, Consistency, Within
+from commlab.report.tables import by_seed, bytes_per_step, parity, wide_history
 
 METRICS = ["train_loss", "test_loss", "test_accuracy", "samples", "bytes_sent", "wall_seconds"]
 LOSS_TOLERANCE = 0.02  # mean |loss gap| accepted between two runs of one algorithm (float order)
 BYTES_TOLERANCE = 0.01  # relative distance from the ring-allreduce volume
 NEEDS = "needs finished ssgd and ddp runs"
+STRONGEST = "ddp_bf16"  # the strongest dense baseline: DDP with its bf16 compression hook
+AGARWAL = "Agarwal et al., MLSys'22: a 16-bit, overlapped DDP is the baseline to beat"
 
 
 def training_curves(ev: Evidence) -> pd.DataFrame:
@@ -126,6 +135,38 @@ def bytes_against_ring(ev: Evidence) -> dict | NotMeasured | None:
             "holds": worst <= BYTES_TOLERANCE, "tolerance": BYTES_TOLERANCE}
 
 
+def mean_bytes_per_step(ev: Evidence, name: str) -> float:
+    """Bytes rank 0 sent per step, mean over the seeds of run ``name`` (NaN without a history)."""
+    ids = ev.runs[ev.runs.name == name].run_id if len(ev.runs) else []
+    values = [bytes_per_step(ev.history, r) for r in ids]
+    return float(np.mean(values)) if values else float("nan")
+
+
+def strongest_accuracy(ev: Evidence) -> dict | None:
+    """ddp_bf16's final test accuracy beside ssgd's, paired by seed, with both over their
+    evaluations (judged at convergence)."""
+    runs = ev.runs
+    mine = runs[runs.name == STRONGEST] if len(runs) else runs
+    dense = runs[runs.name == "ssgd"] if len(runs) else runs
+    if not len(mine) or not len(dense) or "test_accuracy" not in runs:
+        return None
+    return parity(ev.history, mine, dense, ACCURACY)
+
+
+def strongest_bytes(ev: Evidence) -> dict | NotMeasured | None:
+    """ddp_bf16's bytes per step over ssgd's: half, within ``BYTES_TOLERANCE``, by construction."""
+    names = set(ev.runs.name) if len(ev.runs) else set()
+    if not {STRONGEST, "ssgd"} <= names:
+        return None
+    ours, dense = mean_bytes_per_step(ev, STRONGEST), mean_bytes_per_step(ev, "ssgd")
+    if not np.isfinite(ours) or not np.isfinite(dense):
+        return NotMeasured("not measured: no bytes_sent history of two logged steps",
+                           "needs finished ssgd and ddp_bf16 runs")
+    ratio = ours / dense
+    return {"ours": ours, "dense": dense, "ratio": ratio, "holds": abs(ratio / 0.5 - 1) <= BYTES_TOLERANCE,
+            "tolerance": BYTES_TOLERANCE}
+
+
 CLAIMS = [
     Declared(
         claim="ssgd through the Communicator follows DDP's training-loss curve on the same seeds",
@@ -152,4 +193,24 @@ CLAIMS = [
                         note="largest relative distance {worst:.2%} (tolerance {tolerance:.0%}); ssgd counts its "
                              "buckets' collectives, ddp records the allreduce DDP runs inside backward"),),
         needs=NEEDS, check=True),
+    Declared(
+        claim="ddp_bf16, the strongest dense baseline, reaches ssgd's test accuracy",
+        paper=AGARWAL,
+        sources=(Source(strongest_accuracy, AccuracyMatch("acc", "dense", margin="margin", trend="trend"),
+                        ours="ddp_bf16 {acc_text} % vs ssgd {dense_text} %",
+                        note="{why}; within a point of ssgd, the gap paired over seeds and judged at convergence "
+                             "(commlab.report.rules.accuracy_match); {trend_text}; the gradients travel in bfloat16 "
+                             "(torch's bf16_compress_hook arithmetic)"),),
+        needs="needs finished ssgd and ddp_bf16 runs",
+        to_test="runs until ssgd and the gap settle between the last two evaluations: the whole training set (scale "
+                "laptop_full of config/papers/baseline.yaml)"),
+    Declared(
+        claim="ddp_bf16 sends half of ssgd's bytes per step (2 bytes per gradient element instead of 4)",
+        paper=AGARWAL, check=True,
+        sources=(Source(strongest_bytes, Consistency("holds"),
+                        ours="bytes sent per step by rank 0: ddp_bf16 {ours:,.0f}, ssgd {dense:,.0f}; "
+                             "ratio {ratio:.4f}",
+                        note="0.5 within {tolerance:.0%} relative; both count one allreduce of the whole gradient per "
+                             "step, ddp_bf16 in bfloat16"),),
+        needs="needs finished ssgd and ddp_bf16 runs"),
 ]

@@ -1,7 +1,9 @@
 """K-step averaging's claims (Cong, Yang, Zhou, "Reducing global reductions in large-scale
 distributed training", ICPP 2019 Workshops; abstract): far fewer global reductions than
 synchronous SGD at matched accuracy, Adam's generalisation gap closed, fewer still with local
-reductions and reduction momentum, and one global reduction per 102K samples at scale.
+reductions and reduction momentum, and one global reduction per 102K samples at scale. Then K-step
+averaging's descendants, DiLoCo and Streaming DiLoCo, at K-step's period (their claims:
+:mod:`commlab.report.descendants`).
 
 Every count is the Communicator's (``reductions_global``, ``reductions_local``), not derived from
 the schedule. Which period a run has comes from :func:`periods` alone. Accuracies are compared
@@ -17,12 +19,14 @@ import numpy as np
 import pandas as pd
 
 from commlab.report.claims import Declared, Evidence, NotMeasured, Source, mean_sd, seeds_of
+from commlab.report.descendants import DECLARED as DESCENDANTS
 from commlab.report.paired import Difference, difference
 from commlab.report.rules import ClosesGap, NotTestable, Reaches
 from commlab.report.tables import at_evaluations, by_seed, param
 
 METRICS = ["train_loss", "test_accuracy", "samples", "reductions_global", "reductions_local", "bytes_sent",
            "wall_seconds"]
+BENCH = ["throughput"]  # the descendants' blocked time on an emulated link (commlab.report.descendants)
 ACCURACY_TOLERANCE = 0.5  # percentage points: "matched accuracy" is not this far below beyond the noise
 PAPER_SAVING = 0.99  # claim 1: more than 99% fewer global reductions
 PARTLY_SAVING = 0.9  # claim 1: partly with more than 90% at matched accuracy
@@ -30,6 +34,7 @@ PAPER_HIER_SAVING = 0.62  # claim 3: up to 62% fewer global reductions than K-st
 PAPER_SAMPLES = 102_000  # claim 4: samples per global reduction at 400 GPUs
 COUNTERS = ("samples", "reductions_global", "reductions_local")
 MIN_REDUCTIONS = 10  # global reductions a run must keep for its period to be periodic averaging
+PERIODIC = ["kstep", "kstep_hier", "diloco", "streaming_diloco"]  # methods whose schedule.period is K
 
 
 def periods(runs: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
@@ -37,7 +42,7 @@ def periods(runs: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     (``schedule.period``, ``schedule.local_period``): K = 1 for synchronous SGD, K_l only for
     hierarchical runs (NaN elsewhere)."""
     period, local = param(runs, "schedule.period"), param(runs, "schedule.local_period")
-    k_global = np.where(runs.method.isin(["kstep", "kstep_hier"]), period, 1).astype(int)
+    k_global = np.where(runs.method.isin(PERIODIC), period, 1).astype(int)
     return pd.Series(k_global, index=runs.index), pd.Series(np.where(runs.method == "kstep_hier", local, np.nan),
                                                            index=runs.index)
 
@@ -51,12 +56,15 @@ def describe(ev: Evidence) -> pd.DataFrame:
     df = runs.copy()
     df["optimizer"] = param(df, "train.optimizer", "sgd", numeric=False)
     df["k_global"], df["k_local"] = periods(df)
-    df["block_momentum"] = np.where(df.method == "ssgd", 0.0, param(df, "method_params.momentum", 0.0))
+    df["block_momentum"] = np.where(df.method.isin(["kstep", "kstep_hier"]), param(df, "method_params.momentum", 0.0),
+                                    0.0)
     nesterov = param(df, "method_params.nesterov", "", numeric=False).astype(str).str.lower() == "true"
     df["family"] = np.select(
         [df.method == "ssgd", (df.method == "kstep") & (df.block_momentum == 0), df.method == "kstep",
-         (df.method == "kstep_hier") & (df.block_momentum == 0), df.method == "kstep_hier"],
-        ["synchronous", "K-step", "K-step+momentum", "local+global", "local+global+momentum"], "other")
+         (df.method == "kstep_hier") & (df.block_momentum == 0), df.method == "kstep_hier", df.method == "diloco",
+         df.method == "streaming_diloco"],
+        ["synchronous", "K-step", "K-step+momentum", "local+global", "local+global+momentum", "DiLoCo",
+         "Streaming DiLoCo"], "other")
     df.loc[nesterov & (df.block_momentum > 0), "family"] += " (Nesterov)"
     return df
 
@@ -276,4 +284,5 @@ CLAIMS = [
         sources=(Source(nothing, NotTestable("needs 32 workers in 4 nodes"), ours="no 32-worker runs",
                         note="{why}"),),
         to_test="scale paper_32gpu of config/papers/kstep.yaml (config/paper_scale_32gpu.yaml)"),
+    *DESCENDANTS,  # K-step averaging's descendants: DiLoCo, Streaming DiLoCo (commlab.report.descendants)
 ]

@@ -9,6 +9,11 @@ worker, and on one against wall-clock time: the time on an emulated link where t
 charted by its task's metric (:mod:`commlab.report.metrics`): runs of language models (perplexity)
 and masked language models (masked-token accuracy) get charts of their own, as their numbers do not
 share an axis with an image classifier's accuracy.
+
+It also ranks every run of every paper by its time to a shared accuracy target on each emulated
+link of the throughput benchmark (:mod:`commlab.report.ranking`, from each report's
+``evaluations.csv`` and ``<out>/bench/throughput*.json``): one table per task and link, the runs
+without a throughput measurement listed as not measured.
 """
 
 from __future__ import annotations
@@ -23,7 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 from commlab.report.claims import VERDICT_COLOURS, VERDICT_MEANINGS, VERDICTS
-from commlab.report.metrics import ACCURACY, TASK_METRICS, run_metric
+from commlab.report.metrics import ACCURACY, DATASET_NAMES, MODEL_NAMES, TASK_METRICS, run_metric
+from commlab.report.ranking import load_evaluations, rank_by_link, throughput_files
 
 CHART_DPI = 150
 
@@ -198,6 +204,50 @@ def cross_paper_html(out: Path) -> str:
     return "\n".join(parts)
 
 
+def _cell(value, fmt: str) -> str:
+    """A number of a ranking table, '' where it is not measured."""
+    return "" if value is None or (isinstance(value, float) and value != value) else fmt.format(value)
+
+
+def ranking_html(out: Path) -> str:
+    """Per throughput benchmark file and emulated link, every run ranked by its time to the task's
+    shared target (:func:`commlab.report.ranking.rank_by_link`), or why there is no ranking."""
+    e = html.escape
+    evaluations, files = load_evaluations(out), throughput_files(out)
+    if not files:
+        return ('<p id="ranking">Not measured: no throughput benchmark beside the reports '
+                "(<code>bench/throughput.json</code>; <code>snakemake bench</code> measures it).</p>")
+    parts = ['<div id="ranking">',
+             "<p>The target, per task: the highest accuracy every compared run reaches (the lowest of their best "
+             "seed-mean evaluations). A run's time: the samples it processed up to its first evaluation at the "
+             "target (its seed-mean curve, on loopback), over the samples per second its method trained on that "
+             "link in the throughput benchmark. Runs differ in their grids' settings (learning-rate schedule, "
+             "training subset) and are ranked as their grids trained them.</p>"]
+    for bench in files:
+        tables, shared = rank_by_link(evaluations, bench)
+        task = (f"{DATASET_NAMES.get(str(bench.get('dataset')), bench.get('dataset'))} "
+                f"{MODEL_NAMES.get(str(bench.get('model')), bench.get('model'))}, {bench.get('workers')} workers")
+        if not tables:
+            parts.append(f"<p>{e(task)} ({e(Path(bench['file']).name)}): not measured (no emulated link in the "
+                         "benchmark, or no run of its model with an evaluation history).</p>")
+            continue
+        metric = shared["metric"]
+        for link, table in tables.items():
+            parts.append(f"<h3>{e(task)}: emulated {e(link)} link</h3>")
+            parts.append(f"<p>Target: {e(metric.measured)} {_cell(shared['target'], '{:.2f}')} "
+                         f"(reached by all {shared['compared']} compared runs); rates from "
+                         f"{e(Path(bench['file']).name)}.</p>")
+            rows = [[_cell(r.rank, "{:.0f}"), e(str(r.paper)), e(str(r.name)), e(str(r.method)), str(r.seeds),
+                     str(r.workers), _cell(r.samples_to_target, "{:,.0f}"), _cell(r.samples_per_s, "{:,.0f}"),
+                     _cell(r.seconds, "{:,.1f}"), _cell(r.over_fastest, "{:.2f}x"), e(r.note)]
+                    for r in table.itertuples()]
+            parts.append(_table(["rank", "paper", "run", "method", "seeds", "workers", "samples to target",
+                                 f"samples/s at {e(link)}", "time (s)", "over the fastest", "note"], rows,
+                                css="commlab-ranking"))
+    parts.append("</div>")
+    return "\n".join(parts)
+
+
 def verdict_counts(claims_by_paper: dict[str, list[dict]]) -> dict[str, Counter]:
     """Per paper, how many of its claims got each verdict (a kind it has none of counts 0)."""
     return {paper: Counter(c.get("verdict", "") for c in claims) for paper, claims in claims_by_paper.items()}
@@ -260,6 +310,8 @@ def build_index(out: Path) -> Path:
         verdicts_html(),
         "<h2>Every method of every paper: accuracy against communication and time</h2>",
         cross_paper_html(out),
+        "<h2>Time to a shared accuracy target on each emulated link</h2>",
+        ranking_html(out),
         "<h2>All claims</h2>",
         _table(["paper", "claim", "paper's figure", "ours", "n", "verdict", "note"], claim_rows, verdict_col=5,
                css="commlab-claims")

@@ -48,6 +48,8 @@ from commlab.report.claims import (  # noqa: E402
     write_claims,
 )
 from commlab.report.collect import load_history, load_runs  # noqa: E402
+from commlab.report.metrics import TASK_METRICS  # noqa: E402
+from commlab.report.ranking import evaluations_table  # noqa: E402
 from commlab.report.tables import link_mbit  # noqa: E402
 
 DPI = 150  # print quality for every embedded and saved figure
@@ -56,6 +58,9 @@ SCREEN_DPI = 96  # the figure's width in inches at this density is its width on 
 SUMMARY_COLUMNS = ["paper", "name", "method", "seed", "workers", "model", "dataset", "scale", "network",
                    "link_mbit", "test_accuracy", "bytes_sent", "wall_seconds", "samples", "test_perplexity",
                    "test_mlm_accuracy"]
+
+#: What the index's ranking reads from every report's history (<out>/<paper>/evaluations.csv).
+EVALUATION_METRICS = ("samples", *TASK_METRICS)
 
 #: The lab template right-aligns table cells: the report's own tables read left to right.
 STYLE = ("<style>.commlab-claims td,.commlab-claims th,.commlab-scale td,.commlab-scale th"
@@ -91,7 +96,9 @@ def grid_title(paper: str) -> str:
 def open_report(paper: str, out_dir: str | Path, tracking_uri: str | None = None,
                 scale: str | None = None, metrics: list[str] | tuple = ()) -> Report:
     """Load the paper's runs at ``scale`` and the history of ``metrics``, show the title and what
-    was run, and write the runs' final numbers for the index (``<out>/<paper>/runs.csv``)."""
+    was run, and write for the index the runs' final numbers (``<out>/<paper>/runs.csv``) and
+    their evaluations with the samples processed at each (``evaluations.csv``: the index's ranking
+    by time to a shared accuracy target, :mod:`commlab.report.ranking`)."""
     runs = load_runs(paper, uri=tracking_uri, scale=scale)
     history = load_history(runs, list(metrics), uri=tracking_uri) if len(runs) and metrics else \
         pd.DataFrame(columns=["run_id", "name", "method", "seed", "metric", "step", "value"])
@@ -99,8 +106,20 @@ def open_report(paper: str, out_dir: str | Path, tracking_uri: str | None = None
     rep.folder.mkdir(parents=True, exist_ok=True)
     summary = runs.assign(paper=paper, link_mbit=link_mbit(runs)) if len(runs) else pd.DataFrame()
     summary.reindex(columns=SUMMARY_COLUMNS).to_csv(rep.folder / "runs.csv", index=False)
+    evaluation_history(runs, history, metrics, tracking_uri).pipe(evaluations_table, runs, paper).to_csv(
+        rep.folder / "evaluations.csv", index=False)
     _display_html(header_html(rep))
     return rep
+
+
+def evaluation_history(runs: pd.DataFrame, history: pd.DataFrame, metrics, tracking_uri: str | None) -> pd.DataFrame:
+    """The history of the samples processed and of every task metric: what the report loaded, and
+    the rest of :data:`EVALUATION_METRICS` read now."""
+    have = history[history.metric.isin(EVALUATION_METRICS)]
+    needed = [m for m in EVALUATION_METRICS if m not in metrics]
+    if not len(runs) or not needed:
+        return have
+    return pd.concat([have, load_history(runs, needed, uri=tracking_uri)], ignore_index=True)
 
 
 def _display_html(text: str) -> None:
