@@ -68,10 +68,9 @@ def test_exact_k_takes_every_non_zero_entry_when_fewer_than_k_are_non_zero():
     assert idx.tolist() == [0, 1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("options", [{"exact_k": True, "cap": 1.0}, {"exact_k": True}])
-def test_exact_k_replaces_the_cap_and_the_guard(options):
-    with pytest.raises(ValueError, match="exact_k replaces the cap and the guard"):
-        ThresholdOptions(**options).validate()   # the guard is on by default
+def test_exact_k_replaces_the_guard():
+    with pytest.raises(ValueError, match="exact_k replaces the guard"):
+        ThresholdOptions(exact_k=True).validate()   # the guard is on by default
 
 
 @pytest.mark.gpu

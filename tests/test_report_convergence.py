@@ -45,15 +45,15 @@ def test_no_history_no_trend():
 
 
 @pytest.mark.parametrize(("reference", "gap", "why"), [
-    ((85.0, 85.2), (-2.0, -1.9), ""),  # both within a quarter of the margin: settled
-    ((85.0, 85.3), (-2.0, -1.9), "the reference still improves by 0.30 points between its last two evaluations "
-                                 "(more than 0.25 x the margin, 0.25)"),
-    ((85.0, 85.1), (-2.0, -1.7), "the gap still closes by 0.30 points (more than 0.25 x the margin, 0.25)"),
+    ((85.0, 85.4), (-2.0, -1.6), ""),  # both within half the margin: settled
+    ((85.0, 85.6), (-2.0, -1.9), "the reference still improves by 0.60 points between its last two evaluations "
+                                 "(more than 0.5 x the margin, 0.50)"),
+    ((85.0, 85.1), (-2.0, -1.4), "the gap still closes by 0.60 points (more than 0.5 x the margin, 0.50)"),
     ((85.0, 85.1), (-1.0, -2.0), ""),  # a gap that opens is not closing
-    ((85.0, 84.0), (+0.6, +0.2), "the gap still closes by 0.40 points (more than 0.25 x the margin, 0.25)"),
+    ((85.0, 84.0), (+0.9, +0.2), "the gap still closes by 0.70 points (more than 0.5 x the margin, 0.50)"),
 ])
-def test_still_moving_means_more_than_a_quarter_of_the_margin(reference, gap, why):
-    assert PLATEAU == 0.25
+def test_still_moving_means_more_than_half_the_margin(reference, gap, why):
+    assert PLATEAU == 0.5
     assert Trend((1, 2), reference, gap).unsettled(1.0) == why
 
 
@@ -62,13 +62,13 @@ def test_one_sided_claims_count_only_a_shortfall_closing():
     assert ahead_then_level.unsettled(1.0, at_least=True) == ""
     assert ahead_then_level.unsettled(1.0) != ""  # |gap| shrank by 0.7
     behind = Trend((1, 2), (85.0, 85.1), (-1.2, -0.6))
-    assert behind.unsettled(1.0, at_least=True) == "the gap still closes by 0.60 points (more than 0.25 x the " \
-                                                    "margin, 0.25)"
+    assert behind.unsettled(1.0, at_least=True) == "the gap still closes by 0.60 points (more than 0.5 x the " \
+                                                    "margin, 0.50)"
 
 
 def test_lower_is_better_for_perplexity():
     improving = Trend((1, 2), (130.0, 120.0), (4.0, 4.0))
     assert improving.unsettled(2.4, higher_is_better=False, unit="perplexity") == (
-        "the reference still improves by 10.00 perplexity between its last two evaluations (more than 0.25 x the "
-        "margin, 0.60)")
+        "the reference still improves by 10.00 perplexity between its last two evaluations (more than 0.5 x the "
+        "margin, 1.20)")
     assert Trend((1, 2), (120.0, 120.5), (4.0, 4.0)).unsettled(2.4, higher_is_better=False) == ""

@@ -187,7 +187,7 @@ def test_a_comparison_still_moving_is_not_testable_at_this_budget():
     text, verdict = accuracy_match(seeds(80.0, 80.3, 80.1), seeds(83.0, 83.3, 83.3), trend=moving)
     assert verdict == UB
     assert text.startswith("not converged: the reference still improves by 3.10 points between its last two "
-                           "evaluations and the gap still closes by 2.58 points (more than 0.25 x the margin, 0.25); "
+                           "evaluations and the gap still closes by 2.58 points (more than 0.5 x the margin, 0.50); "
                            "final gap -3.07 points (paired over seeds 0, 1, 2")
     assert moving.describe() == "gap by evaluation (step 96, 192): -5.41, -2.83 points; reference 80.10, 83.20"
     # settled: judged as measured

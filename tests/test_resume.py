@@ -1,6 +1,7 @@
 """Preemption and resume: a 2-worker job SIGKILLed after epoch 1, re-launched, SIGTERMed mid-epoch 3
 and re-launched again ends with the parameters, MLflow metrics and sentinel of an uninterrupted
-run, logged to one MLflow run with every step recorded once (docs/cluster.md, section 3; docs/running.md, "Reproducibility").
+run, logged to one MLflow run with every step recorded once (docs/cluster.md, section 3;
+docs/running.md, "Reproducibility").
 
 Runs ssgd and one method of each family among those that declare state of their own which a
 resumed run restores exactly (``resume`` on the class: residuals, thresholds, periods, replicas;
