@@ -64,13 +64,24 @@ def write_bench(out_dir, name: str, payload: dict) -> None:
     (folder / f"{name}.json").write_text(json.dumps(payload))
 
 
-def throughput(rows: list[tuple[str, str, float]], **fields) -> dict:
+def throughput(rows: list[tuple[str, str, float]], spread: float | dict = 0.0, **fields) -> dict:
     """A throughput benchmark's payload: (network, method, ratio to ssgd) per row; ssgd's rows get
-    a step of 0.1455 s, of which 0.001 s collectives and 0.1154 s waits."""
+    a step of 0.1455 s, of which 0.001 s collectives and 0.1154 s waits. Each row's three interleaved
+    repeats (``runs``) run at (1 - spread, 1, 1 + spread) times its rate (``spread`` a number, or
+    one per method), ssgd's at its rate."""
     summary = [{"network": net, "method": method, "ratio_to_ssgd": ratio, "samples_per_s": 100 * ratio,
                 "step_s": 0.1455, "collective_s": 0.001, "blocked_s": 0.1154, "comm_s": 0.1164,
                 "measured_link_mbit": None if net == "loopback" else float(net.removesuffix("Mbit")) * 0.96}
                for net, method, ratio in rows]
+    spreads = spread if isinstance(spread, dict) else {}
+
+    def factors(method: str) -> tuple[float, ...]:
+        width = 0.0 if method == "ssgd" else spreads.get(method, 0.0 if spreads else spread)
+        return 1 - width, 1.0, 1 + width
+
+    runs = [{"network": net, "method": method, "repeat": repeat, "samples_per_s": 100 * ratio * factor}
+            for net, method, ratio in rows for repeat, factor in enumerate(factors(method))]
+    fields.setdefault("runs", runs)
     return {"workers": 4, "model": "cnn", "dataset": "fashion_mnist", "batch_per_worker": 32, "max_steps": 16,
             "repeats": 3, "options": "grid", "environment": {"git_commit": "abcdef0123456789", "time": "2026-11-28",
                                                              "cpus": 2, "load_average": [8.5, 8.0, 7.0]},

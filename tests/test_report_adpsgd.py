@@ -77,29 +77,38 @@ def test_accuracy_against_cpsgd_is_higher_is_better():
     assert row.verdict == "reproduced" and "ADPSGD better by +1.00 points" in row.ours
 
 
-def qsgd_runs(ad_bytes: float, ad_steps_to_target: int) -> tuple:
-    """QSGD's loss at 0.5 from step 60 (smoothed over 3 log points: reached at step 80, 8e6 bytes);
-    ADPSGD's from ``ad_steps_to_target``, ``ad_bytes`` in all."""
+def qsgd_runs(ad_bytes: float, ad_steps_to_target: tuple[int, ...]) -> tuple:
+    """One run each of QSGD and ADPSGD per seed of ``ad_steps_to_target``: QSGD's loss at 0.5 from
+    step 60 (smoothed over 3 log points: reached at step 80, 8e6 bytes); ADPSGD's from that seed's
+    step, ``ad_bytes`` in all."""
     rows, points = [], []
-    for name, method, total_bytes, reach in (("qsgd8", "qsgd", 1e7, 60), ("adpsgd_b4", "adpsgd", ad_bytes, 60)):
-        rows.append({"name": name, "method": method, "seed": 0, "reductions_global": 10.0, "test_accuracy": 84.0,
-                     "wall_seconds": 60.0, "bytes_sent": total_bytes})
-        for step in STEPS:
-            points += [(name, 0, "train_loss", step, 0.5 if step >= (reach if name == "qsgd8" else ad_steps_to_target)
-                        else 1.0), (name, 0, "bytes_sent", step, total_bytes * step / 100)]
+    for seed, ad_reach in enumerate(ad_steps_to_target):
+        for name, method, total_bytes, reach in (("qsgd8", "qsgd", 1e7, 60),
+                                                 ("adpsgd_b4", "adpsgd", ad_bytes, ad_reach)):
+            rows.append({"name": name, "method": method, "seed": seed, "reductions_global": 10.0,
+                         "test_accuracy": 84.0, "wall_seconds": 60.0, "bytes_sent": total_bytes})
+            for step in STEPS:
+                points += [(name, seed, "train_loss", step, 0.5 if step >= reach else 1.0),
+                           (name, seed, "bytes_sent", step, total_bytes * step / 100)]
     return runs(rows), points
 
 
 @pytest.mark.parametrize(("ad_bytes", "steps", "verdict", "ratio"), [
-    (5e6, 60, "reproduced", 0.5),
-    (5e6, 80, "contradicted", 5e6 / 8e6),  # half the bytes per step, but a quarter more steps
-    (1e7, 60, "contradicted", 1.0),
+    (5e6, (60, 60, 60), "reproduced", 0.5),      # as many steps on every seed, half the bytes
+    (5e6, (80, 80, 80), "contradicted", 0.625),  # a third more steps on every seed (and not half the bytes)
+    (4e6, (80, 80, 80), "contradicted", 0.5),    # half the bytes, but a third more steps beyond the noise
+    (4e6, (50, 60, 80), "inconclusive", 0.417),  # steps 0.9-1.25 of QSGD's: within the noise
+    (1e7, (60, 60, 60), "contradicted", 1.0),    # as fast, with as many bytes
+    (5e6, (60,), "inconclusive", 0.5),           # one seed: no spread to judge the steps by
 ])
-def test_against_qsgd(ad_bytes, steps, verdict, ratio):
+def test_against_qsgd_pairs_the_steps_by_seed(ad_bytes, steps, verdict, ratio):
     frame, points = qsgd_runs(ad_bytes, steps)
     found = adpsgd.against_qsgd(evidence(frame, points))
     assert found["target"] == pytest.approx(0.5)  # the highest of the runs' best smoothed losses
-    assert found["half"] == [verdict == "reproduced"]
+    ((name, diff, condition),) = found["cases"]
+    per_seed = [round(1.1 - ((s + 20) // 10 * 10) / 80, 6) for s in steps]  # smoothed: reached 2 log points on
+    assert name == "adpsgd_b4" and diff.n == len(steps) and diff.mean == pytest.approx(sum(per_seed) / len(steps))
+    assert condition == (ratio <= 0.6)
     assert claims(adpsgd, frame, points)[QSGD].verdict == verdict
     assert float(found["bytes"].split()[-1]) == pytest.approx(ratio, abs=0.01)
 

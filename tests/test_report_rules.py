@@ -309,13 +309,25 @@ LINKS = ["loopback", "1000Mbit", "100Mbit"]
     ([0.9, 1.2, 1.8], R),   # faster on every emulated link, most on the slowest
     ([0.9, 0.95, 1.4], P),  # faster on the slowest link only
     ([0.9, 1.6, 1.3], P),   # faster, but less so on the slower link
-    ([1.0, 1.0, 1.02], C),  # within the 5% threshold: no faster
-    ([1.1, 0.9, 0.8], C),
 ])
 def test_speed_trend_verdicts(ratios, verdict):
     outcome = SpeedTrend("r").judge({"r": pd.Series(ratios, index=LINKS)})
     assert outcome.verdict == verdict
     assert outcome.why == f"loopback: {ratios[0]:.2f}x, 1000Mbit: {ratios[1]:.2f}x, 100Mbit: {ratios[2]:.2f}x"
+
+
+@pytest.mark.parametrize(("ratios", "repeats", "verdict", "words"), [
+    ([1.0, 1.0, 1.02], [0.98, 1.02, 1.03], C, "every repeat on the slowest link at most 1.05x (0.98x, 1.02x, 1.03x)"),
+    ([1.1, 0.9, 0.8], [0.7, 0.8, 0.85], C, "every repeat on the slowest link at most 1.05x (0.70x, 0.80x, 0.85x)"),
+    ([1.0, 1.0, 1.02], [0.90, 1.02, 1.20], UNSURE, "the slowest link's repeats 0.90x, 1.02x, 1.20x: within their "
+                                                   "spread"),
+    ([1.0, 1.0, 1.02], [], UNSURE, "one measurement of the slowest link: no spread to judge the noise by"),
+])
+def test_no_faster_on_the_slowest_link_is_contradicted_only_beyond_the_repeats_spread(ratios, repeats, verdict,
+                                                                                      words):
+    outcome = SpeedTrend("r", repeats="rep").judge({"r": pd.Series(ratios, index=LINKS), "rep": repeats})
+    assert outcome.verdict == verdict
+    assert outcome.why.endswith(words)
 
 
 @pytest.mark.parametrize(("ratios", "verdict", "words"), [
@@ -342,10 +354,11 @@ def test_speed_trend_without_an_emulated_link_is_not_measured():
     ([1.0, 1.0, 1.0], [1.0, 0.9, 0.9], C),
 ])
 def test_all_of_several_rules(a, b, verdict):
-    rule = AllOf((SpeedTrend("a"), SpeedTrend("b")))
-    outcome = rule.judge({"a": pd.Series(a, index=LINKS), "b": pd.Series(b, index=LINKS)})
+    rule = AllOf((SpeedTrend("a", repeats="ra"), SpeedTrend("b", repeats="rb")))
+    outcome = rule.judge({"a": pd.Series(a, index=LINKS), "b": pd.Series(b, index=LINKS),
+                          "ra": [a[-1]] * 3, "rb": [b[-1]] * 3})
     assert outcome.verdict == verdict
-    assert outcome.why[1] == ", ".join(f"{n}: {r:.2f}x" for n, r in zip(LINKS, b, strict=True))
+    assert outcome.why[1].startswith(", ".join(f"{n}: {r:.2f}x" for n, r in zip(LINKS, b, strict=True)))
 
 
 def test_all_of_keeps_the_strongest_reason_a_claim_is_undecided():

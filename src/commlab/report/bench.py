@@ -56,6 +56,25 @@ def throughput_ratios(bench: dict, value: str = "ratio_to_ssgd") -> pd.DataFrame
     return table.loc[sorted(table.index, key=link_mbit, reverse=True)]
 
 
+def slowest_link_repeats(bench: dict | None, method: str, over: tuple[str, ...] = ("ssgd",)) -> list[float]:
+    """``method``'s samples/s over the fastest of ``over`` in each repeat on the slowest emulated link
+    the benchmark measured it on (repeats are interleaved: the i-th of every method ran in the same
+    round). Empty without such a link or its runs: a claim then has no spread to judge noise by."""
+    runs = [r for r in (bench or {}).get("runs", []) if "error" not in r and r.get("samples_per_s")]
+    links = sorted({r["network"] for r in runs if r["method"] == method and link_mbit(r["network"]) < float("inf")},
+                   key=link_mbit)
+    if not links:
+        return []
+    mine = {r["repeat"]: r["samples_per_s"] for r in runs if r["method"] == method and r["network"] == links[0]}
+    ratios = []
+    for repeat, rate in sorted(mine.items()):
+        others = [r["samples_per_s"] for r in runs
+                  if r["method"] in over and r["network"] == links[0] and r["repeat"] == repeat]
+        if others:
+            ratios.append(rate / max(others))
+    return ratios
+
+
 def dense_comm_share(bench: dict) -> str:
     """'loopback 30%, 100Mbit 80% (ssgd's collectives ...)': per network, the share of dense SGD's step spent
     communicating, its collectives' own time plus the waits on its asynchronous allreduces

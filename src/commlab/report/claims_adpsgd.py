@@ -30,11 +30,12 @@ from commlab.report.bench import (
     dense_comm_share,
     environment_note,
     provenance,
+    slowest_link_repeats,
     strongest_dense_note,
     throughput_ratios,
 )
 from commlab.report.claims import Declared, Evidence, NotMeasured, Source, mean_sd
-from commlab.report.paired import difference
+from commlab.report.paired import difference, of_differences
 from commlab.report.rules import Better, Conditions, Reaches, Share, SpeedTrend, Unmeasurable
 from commlab.report.tables import by_seed, link_mbit, param, wide_history
 
@@ -157,25 +158,34 @@ def against_cpsgd(col: str, lower: bool, unit: str):
 
 
 def against_qsgd(ev: Evidence) -> dict | None:
-    """Bytes and steps each ADPSGD variant needs to reach a training loss every run of the
-    comparison reaches, over QSGD's; PowerSGD's bytes beside them (a further baseline, not judged)."""
+    """Per ADPSGD variant, paired by seed against QSGD (the mean of the QSGD variants of that seed):
+    the steps each needs to reach a training loss every run of the comparison reaches, as
+    ``SAME_STEPS`` less ADPSGD's steps over QSGD's (positive: as fast), and its bytes to that loss
+    over QSGD's, at most ``HALF_BYTES`` as the case's condition; PowerSGD's bytes beside them (a
+    further baseline, not judged)."""
     runs, history = ev.table(loopback_runs), ev.table(wide_table)
     q_names = sorted(runs[runs.method == "qsgd"].name.unique()) if not runs.empty else []
     a_names = sorted(runs[runs.method == "adpsgd"].name.unique()) if not runs.empty else []
     if not q_names or not a_names:
         return None
     target = common_target(history, runs[runs.name.isin(q_names + a_names)].run_id)
-    cost = {c: pd.Series([cost_to_reach(history, r, target, c) for r in runs.run_id], index=runs.index)
-            for c in ("bytes_sent", "step")}
-    q_bytes, q_steps = (cost[c][runs.name.isin(q_names)].mean() for c in ("bytes_sent", "step"))
-    ratios = {a: cost["bytes_sent"][runs.name == a].mean() / q_bytes for a in a_names}
-    step_ratios = {a: cost["step"][runs.name == a].mean() / q_steps for a in a_names}
-    half = [ratios[a] <= HALF_BYTES and step_ratios[a] <= SAME_STEPS for a in a_names]
+    costs = runs.assign(**{c: [cost_to_reach(history, r, target, c) for r in runs.run_id]
+                           for c in ("bytes_sent", "step")})
+    quantised = costs[costs.name.isin(q_names)].groupby("seed")[["bytes_sent", "step"]].mean()
+    cases, bytes_text, steps_text = [], [], []
+    for name in a_names:
+        mine = costs[costs.name == name].set_index("seed")[["bytes_sent", "step"]]
+        seeds = mine.index.intersection(quantised.index)
+        step_ratio = (mine.loc[seeds, "step"] / quantised.loc[seeds, "step"]).dropna()
+        byte_ratio = float((mine.loc[seeds, "bytes_sent"] / quantised.loc[seeds, "bytes_sent"]).mean())
+        cases.append((name, of_differences(SAME_STEPS - step_ratio), bool(byte_ratio <= HALF_BYTES)))
+        bytes_text.append(f"{name} {byte_ratio:.3f}")
+        steps_text.append(f"{name} {step_ratio.mean():.2f} (per seed {', '.join(f'{r:.2f}' for r in step_ratio)})")
     p_bytes = {p: np.nanmean([cost_to_reach(history, r, target, "bytes_sent") for r in runs[runs.name == p].run_id])
                for p in sorted(runs[runs.method == "powersgd"].name.unique())}
-    return {"target": target, "qsgd": "+".join(q_names), "half": half, "held": sum(half), "variants": len(a_names),
-            "bytes": ", ".join(f"{a} {r:.3f}" for a, r in ratios.items()),
-            "steps": ", ".join(f"{a} {r:.2f}" for a, r in step_ratios.items()),
+    q_bytes = quantised.bytes_sent.mean()
+    return {"target": target, "qsgd": "+".join(q_names), "cases": cases, "variants": len(a_names),
+            "bytes": ", ".join(bytes_text), "steps": "; ".join(steps_text),
             "powersgd": ("; beside it, PowerSGD's bytes to the same loss over QSGD's: "
                          + ", ".join(f"{p} {b / q_bytes:.3f}" for p, b in p_bytes.items())) if p_bytes else ""}
 
@@ -224,7 +234,8 @@ def speed_on_bench(ev: Evidence) -> dict | None:
     table = throughput_ratios(bench) if bench else pd.DataFrame()
     if "adpsgd" not in table:
         return None
-    return {"ratios": table["adpsgd"], "provenance": provenance(bench), "share": dense_comm_share(bench),
+    return {"ratios": table["adpsgd"], "repeats": slowest_link_repeats(bench, "adpsgd"),
+            "provenance": provenance(bench), "share": dense_comm_share(bench),
             "strongest": strongest_dense_note(bench, "adpsgd"),
             "cpsgd": (", CPSGD / SSGD " + ", ".join(f"{n}: {r:.2f}x" for n, r in table["cpsgd"].items())
                       if "cpsgd" in table else "")}
@@ -406,10 +417,11 @@ CLAIMS = [
     Declared(
         claim="ADPSGD converges as fast as quantised SGD with about half of its communication",
         paper="abstract; vs gradient-quantisation SGD",
-        sources=(Source(against_qsgd, Share("half"),
+        sources=(Source(against_qsgd, Better("cases"),
                         ours="bytes to reach training loss {target:.3f}, ADPSGD / {qsgd}: {bytes}; steps to reach "
                              "it, ADPSGD / QSGD: {steps}",
-                        note="{held}/{variants} ADPSGD variants need <= 0.6 of QSGD's bytes and <= 1.1 of its steps; "
+                        note="{why}: an ADPSGD variant holds when its steps to the target, paired by seed with "
+                             "QSGD's, are at most 1.1 of them beyond the noise and its bytes at most 0.6 of them; "
                              "target = the highest of the runs' best smoothed training losses, so each reaches it. "
                              "Periodic averaging sends the float32 model once per period, QSGD a quantised gradient "
                              "every step (all-gather, grows with P){powersgd}"),),
@@ -419,7 +431,7 @@ CLAIMS = [
         sources=(Source(speed_on_emulated_runs, Conditions("any_faster", also=("all_faster", "grows")), ours="{text}",
                         note="time to a common training loss under emulated links{loopback}; {strongest}"),
                  # Without such runs in MLflow, the throughput benchmark measured the same ratio on emulated links.
-                 Source(speed_on_bench, SpeedTrend("ratios", paper=PAPER_SPEEDUP),
+                 Source(speed_on_bench, SpeedTrend("ratios", paper=PAPER_SPEEDUP, repeats="repeats"),
                         ours="throughput ADPSGD / SSGD, {why}{cpsgd}",
                         note="samples/s measured side by side by the throughput benchmark, {provenance}; share of a "
                              "dense SGD step spent communicating: {share}; {strongest}"),
