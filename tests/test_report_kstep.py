@@ -103,6 +103,18 @@ def test_adams_gap(adam, kstep_adam, verdict, why):
         (verdict == "not testable at this scale")
 
 
+@pytest.mark.parametrize(("adam", "verdict", "why"), [
+    ([86.5, 86.9, 86.3], "not testable at this scale", "no gap to close at this scale: synchronous Adam is +1.50 pp"),
+    ([82.0, 82.4, 81.8], "not measured", "no runs of K-step Adam"),
+])
+def test_without_k_step_adam_runs_the_premise_alone_decides(adam, verdict, why):
+    frame = runs([*run("ssgd_msgd", "ssgd", SYNC, 279), *run("ssgd_adam", "ssgd", adam, 279, optimizer="adam")])
+    found = kstep.adam_gap(evidence(frame))
+    assert found["remaining"] is None and found["per_k"] == "no runs at this scale (laptop_full has them)"
+    row = claims(kstep, frame)[ADAM]
+    assert row.verdict == verdict and row.note.startswith(why), row.note
+
+
 def hierarchy(kstep_curve, hier_curve, steps=(100, 200, 300, 400)):
     """K-step at K=64 and local+global+momentum at K_g=64, one seed: (accuracy, reductions) per evaluation."""
     frame = runs([*run("kstep_msgd_k64", "kstep", [kstep_curve[-1][0]], kstep_curve[-1][1], period=64),

@@ -150,3 +150,16 @@ def test_loopback_alone_measures_no_gain():
     assert "ssgd/redsync wall time: resnet20: 1.10x, wide_mlp: 1.30x; resnet20: throughput over the strongest dense " \
            "baseline on the same link (the fastest of ssgd, ddp, ddp_bf16 measured there): not measured (no " \
            "throughput benchmark); wide_mlp: " in row.note
+
+
+def test_a_model_run_once_for_its_messages_names_the_side_its_accuracy_lacks():
+    frame, points = wide([80.0, 80.5], [80.2, 80.4])
+    once = runs(per_seed("redsync_resnet20", [40.0], method="redsync", algo_sent_fraction=0.0015,
+                         algo_selected_fraction=0.001), model="resnet20", dataset="fashion_mnist")
+    import pandas as pd
+
+    table = claims(redsync, pd.concat([frame, once], ignore_index=True), points)
+    row = table["RGC at 0.1% density reaches accuracy near dense SGD (resnet20)"]
+    assert (row.verdict, row.ours) == ("not measured", "no ssgd runs of resnet20")
+    assert "laptop_full" in row.note
+    assert table["[consistency check] RGC's messages are about 0.1% of the gradient (resnet20)"].verdict == "consistent"

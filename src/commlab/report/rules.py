@@ -406,7 +406,8 @@ class Conditions:
 class ClosesGap:
     """A variant closing a baseline's gap to the reference (accuracy points). ``gap`` and
     ``remaining`` name :class:`~commlab.report.paired.Difference` values: the reference minus the
-    baseline, and the reference minus the variant (paired over seeds). No gap beyond the tolerance
+    baseline, and the reference minus the variant (paired over seeds; None without the variant's
+    runs, which only the premise can then decide). No gap beyond the tolerance
     (``gap.mean <= tolerance``): the claim's premise is absent, not testable at this scale; a gap
     not above 0 beyond the noise: inconclusive. Then, with the remaining gap's 90% interval:
     reproduced when it lies within the tolerance, partly when within half the gap, contradicted when
@@ -424,11 +425,13 @@ class ClosesGap:
         gap, left = values[self.gap], values[self.remaining]
         tol = _number(values, self.tolerance)
         baseline, reference, variant = (s.format_map(values) for s in (self.baseline, self.reference, self.variant))
-        if gap is None or left is None:
+        if gap is None:
             return Outcome(NOT_MEASURED, "no paired runs")
         if not gap.mean > tol:
             return Outcome(UNTESTABLE, f"no gap to close at this scale: {baseline} is {-gap.mean:+.2f} pp against "
                                        f"{reference}, not more than the tolerance ({tol:.2f} pp) below it")
+        if left is None:
+            return Outcome(NOT_MEASURED, f"no runs of {variant}")
         if gap.n < 2 or not gap.low > 0:
             return Outcome(INCONCLUSIVE, f"the gap {reference} - {baseline} is within the noise: {gap.describe('pp')}; "
                                          f"{decide_text(gap, gap.mean)}")
