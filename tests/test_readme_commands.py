@@ -1,16 +1,18 @@
 """Every command the README and the docs pages in PAGES show parses: the lines of their ```bash
 blocks and the inline `commlab ... --option` commands of their prose. Nothing runs; each tool's own
-parser reads the arguments (commlab's argparse, torchrun's, Snakemake's, MLflow's click command,
-`make -n`), so an option or subcommand a page names and the code lacks fails here rather than in
-a reader's shell.
+parser reads the arguments (commlab's argparse, each benchmark's own argparse for `commlab bench
+NAME ...`, torchrun's, Snakemake's, MLflow's click command, `make -n`), so an option or subcommand
+a page names and the code lacks fails here rather than in a reader's shell.
 """
 
 from __future__ import annotations
 
+import argparse
 import re
 import shlex
 import subprocess
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
@@ -19,7 +21,7 @@ README = ROOT / "README.md"
 # The pages whose commands are checked: the README and the reference pages beside it.
 PAGES = [README, *(ROOT / "docs" / name for name in (
     "running.md", "paper-scale.md", "architecture.md", "reports.md", "performance.md", "cluster.md",
-    "tasks.md", "asgd.md"))]
+    "tasks.md", "asgd.md", "network.md", "claims.md", "diloco.md", "ssdsgd.md"))]
 SHELL_ONLY = {"source", "export", "cd"}  # shell built-ins: nothing of the project's to parse
 SLURM_TOOLS = {"sinfo", "squeue", "sacct", "scontrol", "sbatch"}  # SLURM's own commands, not the project's
 
@@ -39,10 +41,40 @@ def readme_commands(text: str) -> list[str]:
     return commands
 
 
+class _Parsed(Exception):
+    """A benchmark's own parser has read its arguments: the benchmark stops there, before it runs."""
+
+
+def _parse_benchmark(name: str, args: list[str]) -> None:
+    """Parse ``args`` with benchmark ``name``'s own parser. Each benchmark builds its parser inside
+    its entry point and parses first, so the entry point is called with ``parse_args`` stopping it
+    right after a successful parse."""
+    from commlab.registry import BENCHMARKS
+
+    try:
+        bench = BENCHMARKS.get(name)
+    except ValueError as err:
+        raise AssertionError(f"no benchmark {name!r}: {err}") from err
+    parse_args = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(parser, *a, **k):
+        parse_args(parser, *a, **k)
+        raise _Parsed
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", parse_then_stop):
+        try:
+            bench(args, json_path=None)
+        except _Parsed:
+            return
+    raise AssertionError(f"benchmark {name!r} returned without parsing its arguments")
+
+
 def _parse_commlab(args: list[str]) -> None:
     from commlab.cli import build_parser
 
-    build_parser().parse_args(args)
+    parsed = build_parser().parse_args(args)
+    if parsed.command == "bench":  # its arguments after the name go to the benchmark's own parser
+        _parse_benchmark(parsed.name, parsed.rest)
 
 
 def _parse_torchrun(args: list[str]) -> None:
@@ -122,6 +154,12 @@ def test_readme_command_parses(page, command, monkeypatch):
 def test_a_wrong_option_is_caught():
     with pytest.raises(AssertionError, match="does not parse"):
         parse("commlab launch --config run.yaml --network-gbit 1")
+    with pytest.raises(AssertionError, match="does not parse"):
+        parse("commlab bench wire --from")  # --from needs its files
+    with pytest.raises(AssertionError, match="does not parse"):
+        parse("commlab bench throughput --networks loopback --no-such-option")
+    with pytest.raises(AssertionError, match="no benchmark"):
+        parse("commlab bench no_such_benchmark")
     with pytest.raises(AssertionError, match="does not parse"):
         parse("snakemake --workflow-profile workflow/profiles/slurm --no-such-option")
 

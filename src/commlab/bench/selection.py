@@ -161,7 +161,7 @@ def measure(stream: TensorStream, k: int, calls: int, budget: float, min_seconds
     return rows
 
 
-MAX_CPU_KTHVALUE = 100_000
+MAX_CPU_KTHVALUE = 100_000  # k above which the CPU leaves kthvalue out (quadratic there)
 
 
 def _largest_by_kthvalue(values: torch.Tensor, ranks: list[int]) -> list[float]:
@@ -180,8 +180,9 @@ def order_statistics(x: torch.Tensor, k: int, rounds: int, clock: str = "wall", 
     unsorted top-⌈9k/8⌉ of the entries passing (the ⌈5k/4⌉ + 1 largest |x|, in the order an
     unsorted top-k leaves them) by kthvalue, by numpy's partition (CPU only) and by one sort, in
     ``rounds`` rounds of one call each, shuffled as in :func:`measure` (the first round apart).
-    kthvalue is left out on the CPU above k = 100,000: quadratic there, it would take about 40 s a
-    call at 100M elements (k = 1M)."""
+    kthvalue is left out on the CPU above k = :data:`MAX_CPU_KTHVALUE`: its quickselect is
+    quadratic on the order in which an unsorted top-k leaves its values (docs/performance.md,
+    section 2), a cost the benchmark's large sizes cannot afford."""
     passing, rank = reaim_ranks(k, x.numel())
     entries = torch.topk(x.abs(), passing, sorted=False).values
     top = torch.topk(entries, rank, sorted=False).values
