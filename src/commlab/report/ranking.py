@@ -1,5 +1,5 @@
 """Every method ranked by its time to a shared accuracy target on each emulated link: the index's
-ranking tables (README, "How a verdict is reached"; docs/claims.md, "The index").
+ranking tables (docs/reports.md, "The index's ranking").
 
 A run's speed on a slow link is two measurements made apart: how many samples it needs to reach an
 accuracy (its accuracy history, from its grid's run on loopback) and how many samples per second
