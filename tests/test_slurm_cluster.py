@@ -109,14 +109,14 @@ def test_smoke_grid_completes_on_slurm(cluster, mlflow_uri, tmp_path):
     finish(snakemake(proj, cluster, mlflow_uri, "train_baseline"), proj)
     print(f"smoke grid (baseline) on SLURM: {time.monotonic() - t0:.0f} s")
     sentinels = [json.loads(p.read_text()) for p in sorted(proj.glob("results/**/sentinel.json"))]
-    assert len(sentinels) == 2  # baseline smoke: ssgd, ddp; seed 0
+    assert sorted(s["name"] for s in sentinels) == ["ddp", "ddp_bf16", "ssgd"]  # baseline smoke, seed 0
     runs = {r.info.run_id: r for r in mlflow_runs(mlflow_uri).values()}
     for s in sentinels:
         run = runs[s["run_id"]]
         assert run.info.status == "FINISHED"
         assert 0 < run.data.metrics["train_loss"] < 2.3  # below chance level's log(10)
-    jobs = _accounted(cluster, completed=2, keep=lambda j: "rule_train" in j["comment"])
-    assert len(jobs) == 2 and all(j["state"] == "COMPLETED" and j["nodes"] in ("c1", "c2") for j in jobs)
+    jobs = _accounted(cluster, completed=3, keep=lambda j: "rule_train" in j["comment"])
+    assert len(jobs) == 3 and all(j["state"] == "COMPLETED" and j["nodes"] in ("c1", "c2") for j in jobs)
 
 
 def test_two_nodes_train_like_one(cluster, mlflow_uri, tmp_path):

@@ -171,9 +171,10 @@ class QuickRun:
 @dataclass(frozen=True)
 class ResumeState:
     """What a method's own checkpoint holds (:meth:`Algorithm.state_dict`) and whether a run
-    resumed from it ends bit for bit as the uninterrupted run. tests/test_resume.py kills and
-    resumes a method of each family among those that hold state and resume exactly;
-    tests/test_method_traits.py checks that what a method says it holds matches what it saves.
+    resumed from it ends bit for bit as the uninterrupted run. tests/test_method_checkpoint.py
+    saves and restores every method that holds state and resumes exactly, mid-run;
+    tests/test_resume.py kills and resumes real jobs of a few; tests/test_method_traits.py checks
+    that what a method says it holds matches what it saves.
 
     Args:
         state: the method's state, in words; "" when the model and the loop's optimizer are all.
