@@ -197,3 +197,19 @@ def test_every_command_has_help(capsys):
             assert stop.value.code == 0, args
             text = capsys.readouterr().out
             assert text.startswith(f"usage: commlab {name}") and len(text.splitlines()) >= 3, text
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback():
+    """``commlab list | head -1``: the reader stops reading; the command ends quietly, exit 1. Here
+    the reader has gone before the command writes at all, so its first write meets a closed pipe."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1] / "src"),
+                                                                      os.environ.get("PYTHONPATH")]))}
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "commlab", "list"], stdout=write_end,
+                              stderr=subprocess.PIPE, env=env, timeout=60)
+    finally:
+        os.close(write_end)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and "Traceback" not in err and "BrokenPipeError" not in err, err

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -231,7 +232,14 @@ def main(argv: list[str] | None = None, as_program: bool = False) -> int:
     """The command line's exit status. ``as_program`` (``python -m commlab``): a launch then ends
     the process at once (:func:`commlab.launch.command.end_process`)."""
     args = build_parser().parse_args(argv)
-    rc = args.func(args)
+    try:
+        rc = args.func(args)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader closed the pipe (``commlab grid ... | head``): what it read is all it wanted.
+        # Point stdout at /dev/null so that the interpreter's own flush at exit raises nothing.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     if as_program and args.func is _cmd_launch:
         from commlab.launch.command import end_process
 
