@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 #: Between the last two evaluations, a change above this fraction of the margin is "still moving".
-#: Half: a schedule that anneals to its end still adds a little in its last epoch (dense SGD on the
-#: whole Fashion-MNIST training set for 4 cosine epochs: under half a point) while the gap has settled.
+#: Half: a schedule that anneals to its end still adds a little in its last epoch while the gap
+#: between the methods has already settled.
 PLATEAU = 0.5
 
 
