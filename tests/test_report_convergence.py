@@ -72,3 +72,17 @@ def test_lower_is_better_for_perplexity():
         "the reference still improves by 10.00 perplexity between its last two evaluations (more than 0.5 x the "
         "margin, 1.20)")
     assert Trend((1, 2), (120.0, 120.5), (4.0, 4.0)).unsettled(2.4, higher_is_better=False) == ""
+
+
+@pytest.mark.parametrize(("gap", "why"), [
+    ((-10.86, -5.38), "the gap still moves by +5.48 points between the last two evaluations (more than 0.5 x the "
+                      "margin, 0.50)"),
+    ((2.0, 1.2), "the gap still moves by -0.80 points"),  # a gain shrinking counts as moving too
+    ((1.93, 2.21), ""),
+    ((1.0, 1.5), ""),  # exactly half the margin: settled
+])
+def test_a_gain_settles_when_its_gap_moves_by_at_most_half_the_margin(gap, why):
+    trend = Trend((60, 120), (75.0, 80.0), gap)
+    moving = trend.gap_moving(1.0)
+    assert moving.startswith(why) and bool(moving) == bool(why)
+    assert Trend((120,), (80.0,), gap[-1:]).gap_moving(1.0) == "1 evaluation: no trend measured"

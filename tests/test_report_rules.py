@@ -414,3 +414,16 @@ def test_consistency_not_testable_and_unmeasurable():
     assert Unmeasurable().judge({}).verdict == M
     outcome = NotTestable("needs {workers} workers").judge({"workers": 32})
     assert (outcome.verdict, outcome.why) == (UT, "needs 32 workers")
+
+
+def test_a_gain_with_a_trend_is_judged_only_once_it_settles():
+    from commlab.report.convergence import Trend
+    from commlab.report.rules import Gain
+
+    gains = pd.Series([2.0, 2.1, 2.5], index=[0, 1, 2])
+    rule = Gain("gain", min_gain=0.5, trend="trend")
+    assert rule.judge({"gain": gains, "trend": Trend((60, 120), (75.0, 80.0), (1.9, 2.2))}).verdict == "reproduced"
+    moving = rule.judge({"gain": gains, "trend": Trend((60, 120), (75.0, 80.0), (0.2, 2.2))})
+    assert moving.verdict == "not testable at this budget"
+    assert moving.why.startswith("gain +2.20 points") and "the gap still moves by +2.00 points" in moving.why
+    assert rule.judge({"gain": gains, "trend": None}).verdict == "reproduced"  # no history: not checked

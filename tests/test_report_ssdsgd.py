@@ -147,6 +147,29 @@ def test_glu_is_judged_at_both_delays(k1_names, k1_gain, k5_gain, verdicts):
     assert "applies the same one-period-old averaged gradient five times" in k5.note
 
 
+def test_a_glu_gain_still_moving_is_not_testable_at_this_budget():
+    """The default run's laptop grid (test accuracy at its two evaluations, steps 60 and 120): at
+    k = 1 GLU's gain holds still (+1.93 then +2.21 points) and is judged; at k = 5 the gap closes
+    from -10.86 to -5.38 points between the evaluations, so its sign at convergence is open."""
+    accuracy = {  # name -> per-seed accuracy at step 60, then at step 120
+        "odsgd_glu": ([74.53, 74.88, 74.43], [79.55, 79.81, 80.78]),
+        "odsgd_sgd": ([73.22, 72.81, 72.01], [77.55, 77.71, 78.26]),
+        ssd.SSD: ([63.09, 60.05, 60.18], [70.97, 73.23, 72.05]),
+        "ssd_k5_sgd": ([74.04, 71.38, 70.48], [78.81, 74.69, 78.90]),
+    }
+    frame, _ = frame_of({name: (last, [90.0] * 3) for name, (_, last) in accuracy.items()})
+    points = [(name, seed, "test_accuracy", step, values[seed]) for name, by_step in accuracy.items()
+              for step, values in zip((60, 120), by_step, strict=True) for seed in range(3)]
+    table = claims(ssd, frame, points)
+    k1, k5 = table[GLU_K1], table[GLU]
+    assert k1.verdict == "reproduced"
+    assert k5.verdict == "not testable at this budget"
+    assert "gain -5.38 points (paired over seeds 0, 1, 2;" in k5.note
+    assert "not settled: the gap still moves by +5.48 points between the last two evaluations" in k5.note
+    assert "gap by evaluation (step 60, 120): -10.86, -5.38 points" in k5.note
+    assert "to test it: runs until the gain settles" in k5.note
+
+
 def blocked(shares: dict[str, list[float]], bytes_sent: dict[str, float] | None = None) -> tuple:
     """name -> per-seed share of a 100 s run blocked on communication (2 s of it in collectives)."""
     rows = []

@@ -62,6 +62,19 @@ class Trend:
             return ""
         return " and ".join(reasons) + f" (more than {PLATEAU:g} x the margin, {step:.2f})"
 
+    def gap_moving(self, margin: float, unit: str = "points") -> str:
+        """Why a gain between the two sides has not settled ('' when it has): the gap (ours -
+        reference, paired) still moves, either way, by more than ``PLATEAU`` x ``margin`` between
+        the last two evaluations. A gain still growing may yet reach a claim's size; one still
+        shrinking may yet vanish."""
+        if len(self.steps) < 2:
+            return f"{len(self.steps)} evaluation{'s' if len(self.steps) != 1 else ''}: no trend measured"
+        moved, step = self.gap[-1] - self.gap[-2], PLATEAU * margin
+        if abs(moved) <= step:
+            return ""
+        return (f"the gap still moves by {moved:+.2f} {unit} between the last two evaluations "
+                f"(more than {PLATEAU:g} x the margin, {step:.2f})")
+
     def describe(self, unit: str = "points") -> str:
         """'gap by evaluation (step 96, 192): -5.41, -2.83 points; reference 80.10, 83.20'."""
         if not self.steps:

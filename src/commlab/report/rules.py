@@ -266,17 +266,27 @@ class Gain:
     (:mod:`commlab.report.paired`): reproduced when the interval is above 0 and the mean at least
     ``min_gain``; partly when above 0 with a smaller mean; contradicted when the interval lies below
     ``min_gain`` (no gain of that size, beyond the noise); inconclusive otherwise, with the seeds
-    that would decide it. No seeds: not measured."""
+    that would decide it. No seeds: not measured.
+
+    ``trend`` names the value holding the :class:`~commlab.report.convergence.Trend` of an
+    accuracy gain over the runs' evaluations: where the gap still moves by more than half of
+    ``margin`` between the last two, the gain is not testable at this budget (a gain measured
+    before it settles may yet change sign or size); a trend of None is not checked."""
 
     gains: str
     min_gain: float = 0.5
     unit: str = "points"
+    trend: str | None = None
+    margin: float = 1.0
 
     def judge(self, values: dict) -> Outcome:
         gain = of_differences(values[self.gains])
         if gain is None:
             return Outcome(NOT_MEASURED, "no paired seeds")
         text = f"gain {gain.describe(self.unit)}"
+        trend = values.get(self.trend) if self.trend else None
+        if trend is not None and (moving := trend.gap_moving(self.margin, self.unit)):
+            return Outcome(UNCONVERGED, f"{text}; not settled: {moving}; {trend.describe(self.unit)}")
         if gain.n < 2:
             return Outcome(INCONCLUSIVE, f"{text}; {decide_text(gain, 0.0)}")
         if gain.low > 0:
