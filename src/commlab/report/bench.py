@@ -31,6 +31,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from commlab.bench.throughput import DENSE_BASELINES
+from commlab.bench.throughput import strongest_dense as fastest_dense_entry
+
 
 def load_bench(name: str, out_dir: str | Path) -> dict | None:
     """``<out_dir>/bench/<name>.json`` with the path it was read from as ``file``, or None when
@@ -128,19 +131,16 @@ def modelled_speedups(scaling: dict, methods: list[str], link: str, key: str = "
     return pd.DataFrame(rows).pivot_table(index="workers", columns="method", values="speedup_vs_dense")
 
 
-#: The dense baselines the throughput benchmark measures (commlab.bench.throughput.DENSE_BASELINES).
-DENSE_BASELINES = ("ssgd", "ddp", "ddp_bf16")
-
-
 def strongest_dense(bench: dict) -> pd.DataFrame:
     """Per network (fastest link first): the fastest dense baseline measured there (``method``) and
-    its samples/s (``rate``); a network without one is left out."""
-    rates = throughput_ratios(bench, "samples_per_s")
-    dense = [m for m in DENSE_BASELINES if m in rates]
-    if not dense:
-        return pd.DataFrame(columns=["method", "rate"])
-    table = rates[dense].dropna(how="all")
-    return pd.DataFrame({"method": table.idxmax(axis=1), "rate": table.max(axis=1)})
+    its samples/s (``rate``), as the benchmark picks it (:func:`commlab.bench.throughput.strongest_dense`);
+    a network without one is left out."""
+    summary = [e for e in bench.get("summary", []) if "error" not in e]
+    networks = sorted({e["network"] for e in summary}, key=link_mbit, reverse=True)
+    fastest = {net: entry for net in networks if (entry := fastest_dense_entry(summary, net))}
+    return pd.DataFrame({"method": [e["method"] for e in fastest.values()],
+                         "rate": [float(e["samples_per_s"]) for e in fastest.values()]},
+                        index=pd.Index(list(fastest), name="network"))
 
 
 def strongest_dense_note(bench: dict | None, method: str) -> str:
@@ -160,3 +160,15 @@ def strongest_dense_note(bench: dict | None, method: str) -> str:
     absent = [m for m in DENSE_BASELINES if m not in rates]
     return (head + ": " + (", ".join(ratios) or "not measured")
             + (f" ({', '.join(absent)} not measured)" if absent else ""))
+
+
+def speed_over_ssgd(bench: dict | None, method: str) -> dict | None:
+    """What a speed claim against ssgd reads from the throughput benchmark: ``method``'s ratio to
+    ssgd per link (``ratios``), its repeats on the slowest link (``repeats``), the file read
+    (``provenance``), dense SGD's communication share (``share``) and the strongest dense baseline
+    beside it (``strongest``). None where the benchmark did not measure ``method``."""
+    table = throughput_ratios(bench) if bench else pd.DataFrame()
+    if method not in table:
+        return None
+    return {"ratios": table[method], "repeats": slowest_link_repeats(bench, method), "provenance": provenance(bench),
+            "share": dense_comm_share(bench), "strongest": strongest_dense_note(bench, method)}

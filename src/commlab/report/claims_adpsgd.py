@@ -27,10 +27,8 @@ import numpy as np
 import pandas as pd
 
 from commlab.report.bench import (
-    dense_comm_share,
     environment_note,
-    provenance,
-    slowest_link_repeats,
+    speed_over_ssgd,
     strongest_dense_note,
     throughput_ratios,
 )
@@ -231,14 +229,12 @@ def speed_on_emulated_runs(ev: Evidence) -> dict | None:
 def speed_on_bench(ev: Evidence) -> dict | None:
     """Throughput ADPSGD / SSGD per link from the throughput benchmark (CPSGD's beside it)."""
     bench = ev.bench("throughput")
-    table = throughput_ratios(bench) if bench else pd.DataFrame()
-    if "adpsgd" not in table:
+    found = speed_over_ssgd(bench, "adpsgd")
+    if found is None:
         return None
-    return {"ratios": table["adpsgd"], "repeats": slowest_link_repeats(bench, "adpsgd"),
-            "provenance": provenance(bench), "share": dense_comm_share(bench),
-            "strongest": strongest_dense_note(bench, "adpsgd"),
-            "cpsgd": (", CPSGD / SSGD " + ", ".join(f"{n}: {r:.2f}x" for n, r in table["cpsgd"].items())
-                      if "cpsgd" in table else "")}
+    table = throughput_ratios(bench)
+    return {**found, "cpsgd": (", CPSGD / SSGD " + ", ".join(f"{n}: {r:.2f}x" for n, r in table["cpsgd"].items())
+                               if "cpsgd" in table else "")}
 
 
 def speed_not_measured(ev: Evidence) -> dict:

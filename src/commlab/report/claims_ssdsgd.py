@@ -18,12 +18,9 @@ import numpy as np
 import pandas as pd
 
 from commlab.report.bench import (
-    dense_comm_share,
     environment_note,
-    provenance,
-    slowest_link_repeats,
+    speed_over_ssgd,
     strongest_dense_note,
-    throughput_ratios,
 )
 from commlab.report.claims import Declared, Evidence, NotMeasured, Source, mean_sd
 from commlab.report.convergence import evaluation_trend
@@ -114,15 +111,13 @@ def emulated_speed(method: str):
     """A measurement of ``method``'s throughput over ssgd per emulated link (the throughput
     benchmark), the loopback runs' speed beside it."""
     def measure(ev: Evidence) -> dict | None:
-        bench = ev.bench("throughput")
-        table = throughput_ratios(bench) if bench else pd.DataFrame()
-        if method not in table:
+        found = speed_over_ssgd(ev.bench("throughput"), method)
+        if found is None:
             return None
         loopback = speed_and_accuracy(ev, fast_run(method))
-        return {"ratios": table[method], "repeats": slowest_link_repeats(bench, method), "method": method,
-                "strongest": strongest_dense_note(bench, method),
-                "emulated": f"On emulated links: {provenance(bench)}; dense SGD's communication share of a step: "
-                            f"{dense_comm_share(bench)}.",
+        return {**found, "method": method,
+                "emulated": f"On emulated links: {found['provenance']}; dense SGD's communication share of a step: "
+                            f"{found['share']}.",
                 "loopback": f"; loopback runs {loopback['speed'] if loopback else 'no runs'}",
                 "k2": _with_k2(ev, "speed") if loopback and method == "ssdsgd" else ""}
     return measure
