@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from commlab.report.bench import link_mbit
+from commlab.report.bench import link_mbit, throughput_ratios
 from commlab.report.metrics import ACCURACY, TASK_METRICS
 
 #: One row per evaluation of a run, as each report writes it (<out>/<paper>/evaluations.csv).
@@ -87,12 +87,9 @@ def throughput_files(out: Path) -> list[dict]:
 def emulated_rates(bench: dict) -> pd.DataFrame:
     """Median samples/s per (method, emulated link) of a throughput benchmark: one column per link,
     slowest last; loopback and failed rows left out."""
-    rows = [r for r in bench.get("summary", []) if "error" not in r and r.get("samples_per_s")
-            and np.isfinite(link_mbit(r["network"]))]
-    if not rows:
-        return pd.DataFrame()
-    table = pd.DataFrame(rows).pivot_table(index="method", columns="network", values="samples_per_s")
-    return table[sorted(table.columns, key=link_mbit, reverse=True)]
+    rates = throughput_ratios(bench, "samples_per_s")  # one row per network, fastest first
+    emulated = [net for net in rates.index if np.isfinite(link_mbit(net))]
+    return rates.loc[emulated].T if emulated else pd.DataFrame()
 
 
 @dataclass(frozen=True)
