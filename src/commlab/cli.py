@@ -3,6 +3,7 @@
     commlab list                                   registered methods (with their files), models, datasets, benchmarks
     commlab train --config run.yaml [key=value]    one experiment (under torchrun, or alone)
     commlab launch --config run.yaml               start its workers (torchrun / srun + torchrun)
+    commlab serve --socket PATH                    the warm launcher that local jobs' launches are forked from
     commlab data prepare fashion_mnist             prepare a dataset into data/prepared/
     commlab bench collectives [--json FILE]        a benchmark (see `commlab list`)
     commlab report --paper baseline                build a paper's report from MLflow
@@ -70,9 +71,15 @@ def _cmd_data(args) -> int:
 
 
 def _cmd_launch(args) -> int:
-    from commlab.launch import launch
+    from commlab.launch.command import run
 
-    return launch(args.config, args.sentinel, args.network_mbit, args.latency_ms)
+    return run(args.launch_argv, args)
+
+
+def _cmd_serve(args) -> int:
+    from commlab.launch.server import serve
+
+    return serve(args.socket, args.parent, args.idle_exit_s)
 
 
 def _cmd_bench(args) -> int:
@@ -180,6 +187,15 @@ def build_parser() -> argparse.ArgumentParser:
     launch_arguments(p)
     p.set_defaults(func=_cmd_launch)
 
+    p = sub.add_parser("serve", help="the warm launcher: fork every local job's launcher from one process",
+                       description="Import torch, the training loop and MLflow once, then serve `commlab launch` "
+                                   "at a Unix socket: each job's launcher is forked from this process "
+                                   "(jobs find it through COMMLAB_LAUNCH_SERVER; docs/performance.md).")
+    p.add_argument("--socket", required=True, help="the Unix socket to listen at, in a folder of mode 0700")
+    p.add_argument("--parent", type=int, help="exit when this process (the workflow) is no longer the parent")
+    p.add_argument("--idle-exit-s", type=float, help="exit after this many seconds without a job")
+    p.set_defaults(func=_cmd_serve)
+
     p = sub.add_parser("data", help="prepare datasets", description="Prepare a dataset into <out>/<name>/.")
     dsub = p.add_subparsers(dest="data_command", required=True)
     q = dsub.add_parser("prepare", help="prepare one dataset")
@@ -231,7 +247,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, as_program: bool = False) -> int:
     """The command line's exit status. ``as_program`` (``python -m commlab``): a launch then ends
     the process at once (:func:`commlab.launch.command.end_process`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    if args.func is _cmd_launch:
+        args.launch_argv = argv[argv.index("launch") + 1:]  # as given, for the warm launcher to parse again
     try:
         rc = args.func(args)
         sys.stdout.flush()

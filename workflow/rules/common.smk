@@ -12,6 +12,7 @@ are the `BENCH` its claims module declares (SPEED_BENCH below).
 """
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -322,3 +323,59 @@ def bench_priority(name: str) -> int:
     so that report is not held back until the end of the run."""
     papers = [p for p in config["papers"] if name in SPEED_BENCH.get(p, [])]
     return priority_of(papers[0]) if papers else 0
+
+
+class LaunchServer:
+    """The warm launcher of a local run (`commlab serve`, src/commlab/launch/server.py): started
+    before the first job, stopped after the last; the jobs' `commlab launch` find it through
+    COMMLAB_LAUNCH_SERVER, which the jobs' shells inherit from this process."""
+
+    ENV = "COMMLAB_LAUNCH_SERVER"
+
+    def __init__(self):
+        self.process = None
+        self.folder = None
+
+    def wanted(self) -> bool:
+        return (
+            config.get("launch_server", True)
+            and workflow.local_exec
+            and os.name == "posix"
+            and shutil.which("python") is not None
+        )
+
+    def start(self) -> None:
+        if not self.wanted() or self.process is not None:
+            return
+        import subprocess
+        import tempfile
+
+        self.folder = tempfile.mkdtemp(prefix="commlab-launch-")  # mode 0700
+        socket = f"{self.folder}/socket"
+        Path("logs").mkdir(exist_ok=True)
+        with open("logs/launch_server.log", "w") as log:
+            # Its own session: a Ctrl-C in the terminal reaches the jobs' clients, which forward it.
+            self.process = subprocess.Popen(
+                [shutil.which("python"), "-m", "commlab", "serve", "--socket", socket,
+                 "--parent", str(os.getpid())],
+                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        os.environ[self.ENV] = socket
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        import signal
+        import subprocess
+
+        os.environ.pop(self.ENV, None)
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.process = None
+
+
+LAUNCH_SERVER = LaunchServer()

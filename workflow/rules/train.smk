@@ -8,6 +8,19 @@ had finished and runs again (changed config or data, --forcerun) starts from scr
 """
 
 
+# A local run forks every job's launcher from one warm process (common.smk: LaunchServer).
+onstart:
+    LAUNCH_SERVER.start()
+
+
+onsuccess:
+    LAUNCH_SERVER.stop()
+
+
+onerror:
+    LAUNCH_SERVER.stop()
+
+
 rule mlflow_init:
     """Create every paper's MLflow experiment once: parallel jobs creating the store race."""
     output:

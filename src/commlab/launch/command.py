@@ -36,8 +36,10 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from typing import NoReturn
 
+from commlab import timeline
 from commlab.config import ConfigError, load_config
 from commlab.launch.supervise import run_in_network
 from commlab.launch.torchrun import (
@@ -144,8 +146,13 @@ def launch_emulated(config: dict, config_path: str, sentinel: str | None, sectio
 
 
 def launch(config_path: str, sentinel: str | None = None, network_mbit: float | None = None,
-           latency_ms: float | None = None) -> int:
-    if network_mbit is None and latency_ms is None:
+           latency_ms: float | None = None, marks: dict | None = None, warm: bool = False) -> int:
+    """Launch the run of ``config_path``; its exit status. ``marks``: the launcher process's start and
+    ``main`` (Unix times) for the job's timeline (:mod:`commlab.timeline`), taken now when not given;
+    ``warm``: this process is a fork of the warm launcher (:mod:`.server`), which imported torch, the
+    loop and MLflow: its workers are forked from it, and rank 0 logs to MLflow itself."""
+    marks = marks or {"start": timeline.process_start_time(), "main": time.time()}
+    if network_mbit is None and latency_ms is None and not warm:
         start_worker_server_early(config_path)
     try:
         config = load_config(config_path)
@@ -173,14 +180,21 @@ def launch(config_path: str, sentinel: str | None = None, network_mbit: float | 
         if choice.note and not section:
             print(f"[commlab launch] {choice.note}", flush=True)
     failures = FailureRecord()
-    # Rank 0's MLflow calls are made here, by a relay that imports MLflow while the workers start.
-    relay = start_relay(config) if config.get("nodes", 1) == 1 else None
+    # Rank 0's MLflow calls are made here, by a relay that imports MLflow while the workers start
+    # (a warm launcher has it imported already, and forks its workers: no thread may run then).
+    relay = start_relay(config) if config.get("nodes", 1) == 1 and not warm else None
+    requested = time.time()
     try:
-        rc = _launch_workers(config, config_path, sentinel, section, failures, relay.address if relay else None)
+        rc = _launch_workers(config, config_path, sentinel, section, failures, relay.address if relay else None,
+                             start_method="fork" if warm else "forkserver")
     finally:
+        done = time.time()
         if relay is not None:
             relay.close()
     failures.record(config, rc)
+    from commlab.config import run_dir
+
+    timeline.merge(run_dir(config), {**marks, "served": warm}, requested, done)
     return rc
 
 
@@ -188,9 +202,10 @@ RELAY_REMARK = "# rank 0's MLflow calls go through this launcher (--tracking-rel
 
 
 def _launch_workers(config: dict, config_path: str, sentinel: str | None, section: dict | None,
-                    failures: FailureRecord, relay: str | None = None) -> int:
+                    failures: FailureRecord, relay: str | None = None, start_method: str = "forkserver") -> int:
     """Start the run's workers (emulated network, several nodes through srun, or torchrun here;
-    ``relay``: the tracking relay's address, for rank 0 on this node)."""
+    ``relay``: the tracking relay's address, for rank 0 on this node; ``start_method``: how
+    torchrun's agent starts them, see :func:`~commlab.launch.torchrun.run_torchrun`)."""
     if section:
         return launch_emulated(config, config_path, sentinel, section, failures, relay)
     if config.get("nodes", 1) > 1:
@@ -209,7 +224,8 @@ def _launch_workers(config: dict, config_path: str, sentinel: str | None, sectio
     # run the workers again by hand (rank 0 then opens the MLflow run itself); a comment says it.
     print("[commlab launch] " + " ".join(TORCHRUN + torchrun_args(config, config_path, sentinel))
           + (f"  {RELAY_REMARK}" if relay else ""), flush=True)
-    return run_torchrun(torchrun_args(config, config_path, sentinel, relay), on_failure=failures)
+    return run_torchrun(torchrun_args(config, config_path, sentinel, relay), on_failure=failures,
+                        start_method=start_method)
 
 
 def end_process(rc: int) -> NoReturn:
@@ -237,9 +253,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one-way latency to emulate (needs sch_netem); overrides network.latency_ms")
 
 
+def run(argv: list[str], args: argparse.Namespace) -> int:
+    """``commlab launch`` on ``argv`` (parsed as ``args``): in the warm launcher when one answers
+    (:mod:`.server`), else in this process."""
+    from commlab.launch.server import served_launch
+
+    marks = {"start": timeline.process_start_time(), "main": time.time()}
+    rc = served_launch(argv, marks)
+    return rc if rc is not None else launch(args.config, args.sentinel, args.network_mbit, args.latency_ms,
+                                            marks=marks)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m commlab.launch", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    return launch(args.config, args.sentinel, args.network_mbit, args.latency_ms)
+    argv = sys.argv[1:] if argv is None else argv
+    return run(argv, parser.parse_args(argv))
 

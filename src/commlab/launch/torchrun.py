@@ -155,7 +155,7 @@ class _QuietBadInput(logging.Filter):
         return f"(exitcode: {EXIT_BAD_INPUT})" not in record.getMessage()
 
 
-def run_torchrun(args: list[str], on_failure=None) -> int:
+def run_torchrun(args: list[str], on_failure=None, start_method: str = "forkserver") -> int:
     """``torchrun *args`` inside this process, with torchrun's exit status.
 
     The same elastic agent, rendezvous and failure handling as the ``torchrun`` command
@@ -169,7 +169,9 @@ def run_torchrun(args: list[str], on_failure=None) -> int:
     damaged data (exit 2, their message printed once) give exit 2 and one line. ``on_failure(rank,
     exitcode)`` hears of the first failed worker (a negative exit code: killed by that signal).
     The agent's per-run folder (workers' error files) lives in a temporary folder removed when the
-    launch ends: torchrun's default, ``/tmp/torchelastic_*``, stays behind after every run."""
+    launch ends: torchrun's default, ``/tmp/torchelastic_*``, stays behind after every run.
+    ``start_method="fork"``: the workers are forked from this process itself, for a launcher that
+    has imported what they need and run no torch operation (:mod:`commlab.launch.server`)."""
     import tempfile
     import uuid
 
@@ -181,13 +183,14 @@ def run_torchrun(args: list[str], on_failure=None) -> int:
     options = parse_args(args)
     if options.standalone:  # as torchrun's own run(): a private c10d store on a free local port
         options.rdzv_backend, options.rdzv_endpoint, options.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    options.start_method = "forkserver"
+    options.start_method = start_method
     agent_dir = None  # a --log-dir given in args is the caller's to keep
     if options.log_dir is None:
         agent_dir = tempfile.TemporaryDirectory(prefix="commlab-torchelastic-")
         options.log_dir = agent_dir.name
     launch_config, _, _ = config_from_args(options)
-    start_worker_server()
+    if start_method == "forkserver":
+        start_worker_server()
     agent_log, quiet = logging.getLogger("torch.distributed.elastic.multiprocessing.api"), _QuietBadInput()
     agent_log.addFilter(quiet)
     try:

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from commlab.config import run_dir
+from commlab.timeline import phase
 
 if TYPE_CHECKING:
     from commlab.tracking import RunFacts
@@ -52,24 +53,29 @@ class NullLogger:
 
 class RunLogger(NullLogger):
     """Rank 0's MLflow run: a :class:`commlab.tracking.RunTracker` in this process, or its calls
-    made by the launcher's relay (:class:`commlab.tracking_relay.RelayedTracker`)."""
+    made by the launcher's relay (:class:`commlab.tracking_relay.RelayedTracker`). Every call is
+    timed as the run's ``mlflow`` phase (:mod:`commlab.timeline`)."""
 
     def __init__(self, tracker):
         self.tracker = tracker
         super().__init__(tracker.run_id, 0)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        self.tracker.log_metrics(metrics, step)
+        with phase("mlflow"):
+            self.tracker.log_metrics(metrics, step)
 
     def flush(self) -> None:
-        self.tracker.flush()
+        with phase("mlflow"):
+            self.tracker.flush()
 
     def log_artifact(self, path: str | Path, folder: str | None = None) -> None:
-        self.tracker.log_artifact(path, folder)
+        with phase("mlflow"):
+            self.tracker.log_artifact(path, folder)
 
     def close(self, status: str) -> None:
         """Set the run's final status (FINISHED, KILLED or FAILED); never masks the run's own error."""
-        _never_mask(lambda: self.tracker.finish(status), self.rank, self.run_id, status)
+        with phase("mlflow"):
+            _never_mask(lambda: self.tracker.finish(status), self.rank, self.run_id, status)
 
 
 def _never_mask(call: Callable[[], object], rank: int, run_id: str | None, status: str) -> None:

@@ -37,6 +37,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from commlab import timeline
 from commlab.algorithms.base import StepInfo
 from commlab.config import run_dir
 from commlab.core import (
@@ -81,7 +82,8 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
     parsed Options (parsed here when not given); ``tracking_relay``: the launcher's relay that
     makes rank 0's MLflow calls (:mod:`commlab.tracking_relay`). A SIGTERM/SIGINT ends the run
     with a checkpoint and ``SystemExit(EXIT_PREEMPTED)``; launching it again resumes it."""
-    runtime = init_runtime(config["backend"], config["timeout_s"], config["device"])
+    with timeline.phase("process_group"):
+        runtime = init_runtime(config["backend"], config["timeout_s"], config["device"])
     if runtime.note and runtime.is_main:
         print(f"[commlab] {runtime.note}", file=sys.stderr, flush=True)
     stop = StopSignal()
@@ -93,12 +95,14 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
         run = Run(config, runtime, options, tracking_relay)
         status = "FAILED"
         try:
-            steps(run, stop)
-            run.finish()
+            with timeline.phase("steps"):
+                steps(run, stop)
+                run.finish()
             status = "FINISHED"
             if runtime.is_main:
-                write_outputs(config, run.out, sentinel, run.logger, run.progress.final, run.progress.golden,
-                              run.data.meta, run.ckpt_dir, runtime.world_size)
+                with timeline.phase("outputs"):
+                    write_outputs(config, run.out, sentinel, run.logger, run.progress.final, run.progress.golden,
+                                  run.data.meta, run.ckpt_dir, runtime.world_size)
             return run.progress.final
         except Preempted:
             status = "KILLED"
@@ -106,6 +110,8 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
         finally:
             run.display.close()
             run.logger.close(status)
+            if runtime.is_main:
+                timeline.write_rank0(run.out)  # for the launcher: timeline.json beside the run
     except Preempted:
         raise SystemExit(EXIT_PREEMPTED) from None
     except RuntimeError as err:
@@ -154,7 +160,28 @@ class Run:
         self.log_every = self.train_config["log_every"]
         self.step_delay_s = float((config.get("testing") or {}).get("step_delay_s", 0))
         # The run's task (commlab.loop.tasks): its data on this rank, loss and test metrics.
-        self.data = data = build_task(config, runtime)
+        with timeline.phase("data"):
+            self.data = data = build_task(config, runtime)
+        with timeline.phase("build"):
+            self._build(options)
+
+        self.progress = Progress()
+        with timeline.phase("checkpoints"):
+            self.resume()
+        # The loss window lives on the device: the host reads it at log points and checkpoints
+        # only (a per-step read would make the host wait for every step's kernels).
+        self.loss_window = torch.full((), self.progress.window_loss, dtype=torch.float64, device=runtime.device)
+        with timeline.phase("mlflow"):
+            self.logger = open_logger(config, self.facts(), runtime, self.progress.run_id, tracking_relay)
+        self.progress.run_id = self.logger.run_id
+        self.display = ProgressDisplay(data.total_steps, self.progress.step, config.get("name") or config["method"],
+                                       enabled=runtime.is_main)
+        self.lr = 0.0
+        self.t_start = time.perf_counter()
+
+    def _build(self, options) -> None:
+        """The model, the clock and Communicator, the method with its optimizer."""
+        config, runtime, data = self.config, self.runtime, self.data
         self.model = build_model(config["model"], **data.model_inputs(), **config["model_options"]).to(runtime.device)
         # One device clock times the collectives, the method's pieces and the steps; its pending
         # intervals (CUDA events) are read at log points and checkpoints.
@@ -169,18 +196,6 @@ class Run:
                                  workers_per_node=config["workers"], clock=self.clock, control=self.control)
         # The model was initialised from the shared seed; from here each rank draws its own dropout masks.
         seed_per_rank(config["seed"], runtime.rank)
-
-        self.progress = Progress()
-        self.resume()
-        # The loss window lives on the device: the host reads it at log points and checkpoints
-        # only (a per-step read would make the host wait for every step's kernels).
-        self.loss_window = torch.full((), self.progress.window_loss, dtype=torch.float64, device=runtime.device)
-        self.logger = open_logger(config, self.facts(), runtime, self.progress.run_id, tracking_relay)
-        self.progress.run_id = self.logger.run_id
-        self.display = ProgressDisplay(data.total_steps, self.progress.step, config.get("name") or config["method"],
-                                       enabled=runtime.is_main)
-        self.lr = 0.0
-        self.t_start = time.perf_counter()
 
     def resume(self) -> None:
         """Everything a step depends on comes back from this rank's checkpoint, if there is one."""
@@ -243,6 +258,10 @@ class Run:
     def log_point(self, stop_requested: bool) -> bool:
         """Every rank: the control allreduce, the method's metrics, rank 0's log. Returns whether
         all ranks stop now (a SIGTERM reached one of them); the checkpoint is then written."""
+        with timeline.phase("log_points"):
+            return self._log_point(stop_requested)
+
+    def _log_point(self, stop_requested: bool) -> bool:
         progress = self.progress
         progress.window_loss = float(self.loss_window)
         mean_loss, stop_now, bad_ranks = control(progress.window_loss, progress.window_n, stop_requested,
@@ -291,7 +310,8 @@ class Run:
         self.checkpoint()
 
     def evaluate(self) -> None:
-        metrics = evaluate_on_main(self.algo, self.data, self.runtime)
+        with timeline.phase("evaluation"):
+            metrics = evaluate_on_main(self.algo, self.data, self.runtime)
         self.progress.final.update(metrics)
         self.logger.log_metrics(metrics, self.progress.step)
 
@@ -299,6 +319,10 @@ class Run:
         return self.progress.wall_s + time.perf_counter() - self.t_start
 
     def checkpoint(self) -> None:
+        with timeline.phase("checkpoints"):
+            self._checkpoint()
+
+    def _checkpoint(self) -> None:
         self.progress.compute_s += self.timer.settle()
         self.progress.window_loss = float(self.loss_window)
         save_checkpoint(self.ckpt_dir, self.progress.step, self.runtime.rank, self.runtime.world_size, {

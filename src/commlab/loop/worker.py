@@ -64,9 +64,11 @@ def _say_once(message: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Train the config ``args`` name; the exit status."""
+    from commlab import timeline
     from commlab.config import ConfigError, load_run
     from commlab.loop.heap import keep_freed_memory
 
+    timeline.restart()  # this worker's own phases, from its start (a forked one inherited the module)
     name_process(int(os.environ.get("RANK", "0")))  # torchrun's agent set RANK in this process
     stacks_on_sigusr1()
     try:
@@ -75,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         _say_once(f"commlab train: {err}")
         return 2
     try:
-        config, options = load_run(args.config, args.overrides)
+        with timeline.phase("worker_setup"):
+            config, options = load_run(args.config, args.overrides)
     except ConfigError as err:
         _say_once(f"commlab train: {err}")
         return 2
