@@ -23,6 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from commlab.malloc import describe
+
 CHECKOUT = Path(__file__).resolve().parents[2]  # src/commlab/provenance.py -> the repository
 #: The module every training process runs (``python -m commlab.loop``, ``commlab train`` and each
 #: worker the launcher starts): a run's source.
@@ -59,14 +61,12 @@ def environment() -> dict:
     """The machine and code a benchmark measured on, for the ``environment`` block of its JSON."""
     import torch
 
-    from commlab.loop.heap import describe
-
     cuda = torch.cuda.is_available()
     return {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
             "cuda": cuda, "git_commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "worker_malloc": describe()}  # the training workers' malloc settings (loop/heap.py)
+            "worker_malloc": describe()}  # the training workers' malloc settings (commlab.loop.heap)
 
 
 def _git(*args: str) -> str:
