@@ -1,7 +1,7 @@
 """Where a result comes from: the code's commit, a run's source, the machine a measurement ran on.
 
-Every run and every benchmark names the code that produced it (DESIGN.md, "The flow of one run":
-the sentinel, the MLflow run and each benchmark file carry the commit):
+Every run and every benchmark names the code that produced it (docs/architecture.md, "The flow of
+one run": the sentinel, the MLflow run and each benchmark file carry the commit):
 
 * :func:`git_commit`: the checkout's commit, ``-dirty`` when tracked files changed, ``unknown``
   without git or a checkout;
