@@ -17,6 +17,7 @@ from commlab.algorithms.cpsgd import CPSGD, cpsgd_syncs
 from commlab.core import Communicator
 from commlab.core.communicator import ring_allreduce_cost
 from commlab.core.runtime import rank_generator
+from commlab.loop.optim import lr_at
 from commlab.models.small import TinyMLP
 from commlab.testing import drive, run_distributed
 
@@ -239,16 +240,71 @@ def test_adpsgd_lr2_target_follows_the_learning_rate():
     assert s.next_sync is None and s.target(0.125) == 0.25 and s.retightens == 1
 
 
-def test_adpsgd_takes_the_target_the_budget_affords():
+def _budget_affords():
     # Budget 5 with the final sync, no borrowing: the k-th of the other 4 no sooner than step 16k - 1.
-    s = AdaptiveSchedule(_options(initial_period=2, calibration_syncs=1, budget_syncs=5, budget_borrow=0.0,
-                                  final_average=True), total_steps=64)
+    return AdaptiveSchedule(_options(initial_period=2, calibration_syncs=1, budget_syncs=5, budget_borrow=0.0,
+                                     final_average=True), total_steps=64)
+
+
+def test_adpsgd_takes_the_target_the_budget_affords():
+    s = _budget_affords()
     history = _drive(s, 64, [16.0, 8.0, 4.0])
-    # 15 (rate 1 over 16 steps): calibrates the target 2, the rule wants 2, the line defers to 31:
-    # the target rises to V at 16 steps, 16, and the rule takes 16. At 31 the rate halves: 32.
+    # 15 (rate 1 over 16 steps at lr 0.5): calibrates the coefficient 1 / 0.25 * 2 = 8, the target
+    # 8 * 0.25 = 2, the rule wants 2, the line defers to 31: the target rises to V at 16 steps, 16,
+    # and the rule's next decision starts from 16. At 31 the rate halves: 32 (the line's 47 is no
+    # later). At 63, the last step, rate 1/8: the rule would double to 64, but nothing follows.
     assert [step for step, _ in history] == [15, 31, 63]
-    assert s.decisions[0][3:] == (16.0, 16, 16)
-    assert s.decisions[1][3:] == (16.0, 32, 32)
+    # (the rule's target, the rule's period, the period in force, deferred, the budget's target)
+    assert s.decisions[0][3:] == (2.0, 2, 16, True, 16.0)
+    assert s.decisions[1][3:7] == (16.0, 32, 32, False) and math.isnan(s.decisions[1][7])
+    assert s.decisions[2][3:7] == (16.0, 64, 32, False) and math.isnan(s.decisions[2][7])
+
+
+def test_adpsgd_logs_the_budget_deferral_apart_from_the_rule():
+    """The rule's target and period keep the rule's decision; the budget's deferral is logged as
+    its own values (``deferred``, ``budget_target``), at log points and per synchronisation."""
+    s = _budget_affords()
+    _drive(s, 16, [16.0])  # a log point right after the deferred decision at step 15
+    m = s.metrics()
+    assert (m["rule_period"], m["period"], m["target"]) == (2.0, 16.0, 2.0)
+    _drive(s := _budget_affords(), 64, [16.0, 8.0, 4.0])
+    assert s.sync_events() == [
+        (15, {"variance": 16.0, "target": 2.0, "rule_period": 2.0, "period": 16.0, "deferred": 1.0,
+              "budget_target": 16.0}),
+        (31, {"variance": 8.0, "target": 16.0, "rule_period": 32.0, "period": 32.0, "deferred": 0.0}),
+        (63, {"variance": 4.0, "target": 16.0, "rule_period": 64.0, "period": 32.0, "deferred": 0.0})]
+    assert s.sync_events() == []  # each decision is handed out once
+
+
+def test_adpsgd_calibrates_at_the_interval_mean_lr2_during_a_warmup():
+    """Under an lr warm-up the rate a synchronisation measures is taken at the mean lr^2 of its
+    interval: V = c_k * sum_(t in I_k) lr_t^2 (no momentum: drift(L) = L) has rate / mean lr^2 =
+    c_k, so the calibration over I_1 = 0-3, I_2 = 4-7 at period 4 gives the coefficient
+    4 * (c_1 + c_2) / 2 = 16 and the rule's period at each later synchronisation is the longest
+    p with c_k * p <= 16 (at most doubled, at least halved); the target it logs is 16 times its
+    interval's mean lr^2. The sync step's lr^2 (the interval's largest) would halve the period at
+    step 7 to 2 instead of 3."""
+    def lr(t):  # Goyal et al.'s warm-up, lr x (t + 1) / 16 over 16 steps, as the loop's lr_at
+        return 0.4 * min(1.0, (t + 1) / 16)
+
+    assert all(lr(t) == pytest.approx(lr_at(t, 8, 40, {"lr": 0.4, "warmup_epochs": 2})) for t in range(40))
+    spreads = iter([3.0, 5.0, 3.5, 1.9, 0.9, 0.45])  # c_k per interval
+    s = AdaptiveSchedule(_options(), total_steps=40)
+    intervals = []
+    for step in range(40):
+        s.observe_lr(step, lr(step))
+        if s.due(step):
+            interval = range(s.last_sync + 1, step + 1)
+            intervals.append(interval)
+            s.after_sync(step, next(spreads) * sum(lr(t) ** 2 for t in interval), lr(step))
+    # 16 / 5 = 3.2 -> 3; 16 / 3.5 = 4.6 -> 4; 16 / 1.9 = 8.4 -> 8; 16 / 0.9 = 17.8 -> 16 (doubled);
+    # 16 / 0.45 = 35.6 -> 32 (doubled)
+    assert [d[0] for d in s.decisions] == [3, 7, 10, 14, 22, 38]
+    assert _rule_periods(s) == [4, 3, 4, 8, 16, 32]
+    assert s.target_value == pytest.approx(4 * (3.0 + 5.0) / 2, rel=1e-12)
+    mean_lr2 = [sum(lr(t) ** 2 for t in interval) / len(interval) for interval in intervals]
+    assert math.isnan(s.decisions[0][3])
+    assert [d[3] for d in s.decisions[1:]] == pytest.approx([16 * m for m in mean_lr2[1:]], rel=1e-12)
 
 
 @pytest.mark.parametrize("borrow", [0.0, 0.25, 1.0])

@@ -2,8 +2,10 @@
 (config/papers/adpsgd.yaml, every scale, and the laptop grid re-planned to the whole training set):
 the rule decides the synchronisations (V falling: the period lengthens; V rising: it shortens), the
 calibration completes well before the first decay and again after it, the period re-tightens at
-the decay, the budget holds; the growth model against a brute-force momentum recursion; the
-schedule's state resumes bit for bit."""
+the decay, the budget holds; at the laptop grid's settings, the synchronisations and periods of a
+falling and of a growing V against the budget line alone (the schedule of a rule that never
+changes its period); the growth model against a brute-force momentum recursion; the schedule's
+state resumes bit for bit."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import pytest
 import torch
 import yaml
 
+from commlab.algorithms import adpsgd
 from commlab.algorithms.adpsgd import ADPSGD, AdaptiveSchedule, drift_growth
 from commlab.algorithms.base import parse_options
 from commlab.algorithms.cpsgd import cpsgd_syncs
@@ -98,6 +101,25 @@ def _before(schedule, step):
     return [d for d in schedule.decisions if d[0] < step]
 
 
+def _starts(schedule, until: int) -> list[int]:
+    """The period each decision before step ``until`` (no decay before it) started from (step 5
+    of the adpsgd module's docstring): the initial period, then the rule's last decision, or,
+    after a deferral that raised the target, the period the budget line set (at most
+    max_period)."""
+    start, starts = schedule.initial_period, []
+    for d in _before(schedule, until):
+        starts.append(start)
+        start = min(schedule.options.max_period, d[5]) if not math.isnan(d[7]) else d[4]
+    return starts
+
+
+def _moves(schedule, until: int) -> list[int]:
+    """How far each of the rule's decisions after its calibration, before step ``until``, moved
+    the period from where it started (+: longer)."""
+    return [d[4] - start for d, start in zip(_before(schedule, until), _starts(schedule, until), strict=True)
+            if not math.isnan(d[3])]
+
+
 @pytest.mark.parametrize("name,plan", RUNS, ids=[r[0] for r in RUNS])
 def test_the_rule_decides_at_every_grid_setting(name, plan):
     decay = plan["drops"][0]
@@ -110,9 +132,12 @@ def test_the_rule_decides_at_every_grid_setting(name, plan):
     steps = {label: [d[0] for d in _before(s, decay)] for label, s in (("falling", falling), ("rising", rising))}
     assert steps["falling"] != steps["rising"], "the synchronisations follow V, not only the budget"
     assert len(steps["falling"]) < len(steps["rising"])  # V falling: fewer synchronisations
-    # V falling: the rule's period is longer at the decay than when the calibration ended.
-    rule = [d[4] for d in _before(falling, decay) if not math.isnan(d[3])]
-    assert rule[-1] > rule[0]
+    # The rule's own decisions after the calibration, each from the period it started from: V
+    # falling lengthens the period (or holds it), V rising shortens it (or holds it), each at
+    # least once. A rule that keeps its period, or a constant one, fails one or the other.
+    lengthened, shortened = _moves(falling, decay), [-move for move in _moves(rising, decay)]
+    assert min(lengthened) >= 0 and max(lengthened) > 0
+    assert min(shortened) >= 0 and max(shortened) > 0
 
 
 @pytest.mark.parametrize("name,plan", RUNS, ids=[r[0] for r in RUNS])
@@ -132,14 +157,72 @@ def test_the_period_retightens_and_recalibrates_after_each_decay(name, plan):
         assert judged[0][0] - drop < (end - drop) / 2
 
 
-def test_the_laptop_grid_schedule_differs_from_the_budget_line_alone():
-    """The laptop grid's ADPSGD run does not follow the budget line alone (steps 1, 3, 5, 29, 52,
-    75, 98, 122, 145, 168, 191: the schedule of a rule that never leaves its calibration), whatever
-    V does."""
-    plan = _plan(_grid("laptop")[("adpsgd_b16", 0)])
-    budget_line_alone = [1, 3, 5, 29, 52, 75, 98, 122, 145, 168, 191]
-    for spread in (_falling(plan), _rising(plan), lambda step: 1.0):
-        assert [h[0] for h in _drive(_schedule(plan), plan, spread).history] != budget_line_alone
+LAPTOP = _plan(_grid("laptop")[("adpsgd_b16", 0)])  # 192 steps, budget period 16, the decay at step 128
+
+
+def _budget_line_alone(plan: dict) -> list[int]:
+    """The synchronisations of a rule that never changes its period, from step 5 of the adpsgd
+    module's docstring: the k-th of the B' = B - 1 on the line at the initial period after the
+    last one, but no sooner than the step at which the progress (step + 1) / T reaches
+    (k / B' - b) / (1 - b)."""
+    options, total = plan["options"], plan["total"]
+    line = cpsgd_syncs(options.budget_period, total) - 1
+    initial = options.budget_period // 2
+    steps = []
+    for k in range(1, line + 1):
+        earliest = math.ceil(total * (k / line - options.budget_borrow) / (1 - options.budget_borrow) - 1e-9) - 1
+        steps.append(max((steps[-1] if steps else -1) + initial, earliest))
+    return steps
+
+
+def _sync_steps(plan: dict, spread) -> list[int]:
+    return [d[0] for d in _drive(_schedule(plan), plan, spread).decisions]
+
+
+def test_the_laptop_grid_schedule_leaves_the_budget_line_when_v_falls(monkeypatch):
+    """At the laptop grid's settings (budget period 16: 12 synchronisations, the last step's
+    reserved; borrowing 0.25; initial period 8) the budget line alone gives 7, 15, 23, 31 (the
+    calibration's period), then 52, 75, 98, 122, 145, 168, 191 (the line's). A falling V leaves
+    it: the rule lengthens the period to 32 at step 52 and 64 at step 84, and the decay at step
+    128 re-tightens it to 8. A flat V, and a growing one (whose shorter periods the line holds
+    back: the next test), keep to it."""
+    plan = LAPTOP
+    assert (plan["total"], plan["options"].budget_period, plan["drops"], plan["momentum"]) == (192, 16, [128], 0.9)
+    line = _budget_line_alone(LAPTOP)
+    assert line == [7, 15, 23, 31, 52, 75, 98, 122, 145, 168, 191]
+    assert _sync_steps(LAPTOP, _falling(LAPTOP)) == [7, 15, 23, 31, 52, 84, 128, 136, 145, 168, 191]
+    assert _sync_steps(LAPTOP, lambda step: 1.0) == line
+    assert _sync_steps(LAPTOP, _rising(LAPTOP)) == line
+    # The line alone is what a rule that never changes its period gives, whatever V does.
+    monkeypatch.setattr(adpsgd, "rule_period", lambda period, rate, target, drift, options: period)
+    for spread in (_falling(LAPTOP), _rising(LAPTOP), lambda step: 1.0):
+        assert _sync_steps(LAPTOP, spread) == line
+
+
+def test_a_growing_v_shortens_the_rule_period_at_the_laptop_grid():
+    """At the laptop grid's settings, V growing (its spread doubling every 32 steps): after the
+    calibration (complete at step 31) every decision of the rule before the decay shortens the
+    period it started from, 8 -> 7, 21 -> 13, 23 -> 12, 23 -> 12, 24 -> 12, while the budget line,
+    which the run is ahead of, defers each to its own pace (21, 23, 23, 24, 23 in force). At the
+    decay the period resets to 8; the interval straddling it (to step 145) is judged by nobody,
+    the next (to step 168) calibrates, and at the last step the rule shortens to 6. V falling to
+    step 52, then doubling every 8 steps, spends what the falling part saved: the rule's 32 at
+    step 52 halves to 16 at step 84, which the line allows (the next sync at step 100), then to
+    8, which the line defers to step 122."""
+    growing = _drive(_schedule(LAPTOP), LAPTOP, _rising(LAPTOP))
+    assert [d[0] for d in growing.decisions] == [7, 15, 23, 31, 52, 75, 98, 122, 145, 168, 191]
+    assert [d[4] for d in growing.decisions] == [8, 8, 8, 7, 13, 12, 12, 12, 8, 8, 6]  # the rule's
+    assert [d[5] for d in growing.decisions] == [8, 8, 8, 21, 23, 23, 24, 23, 23, 23, 23]  # in force
+    assert [d[6] for d in growing.decisions] == [False] * 3 + [True] * 7 + [False]  # deferred
+    assert _starts(growing, 128)[3:] == [8, 21, 23, 23, 24] and _moves(growing, 128) == [-1, -8, -11, -11, -12]
+
+    def turning(step):
+        return 2.0 ** (-step / 32) if step < 52 else 2.0 ** (-52 / 32 + (step - 52) / 8)
+
+    turned = _drive(_schedule(LAPTOP), LAPTOP, turning)
+    assert [d[0] for d in turned.decisions] == [7, 15, 23, 31, 52, 84, 100, 122, 145, 168, 191]
+    assert [d[4] for d in turned.decisions] == [8, 8, 8, 8, 32, 16, 8, 11, 8, 8, 5]
+    assert [d[5] for d in turned.decisions] == [8, 8, 8, 21, 32, 16, 22, 23, 23, 23, 23]
 
 
 # ---- the growth model against the momentum recursion --------------------------------------------
@@ -178,7 +261,11 @@ def _bits(records: list[tuple]) -> list[tuple]:
     return [tuple(x.hex() if isinstance(x, float) else x for x in record) for record in records]
 
 
-@pytest.mark.parametrize("name,plan", RUNS[:1] + RUNS[-1:], ids=[RUNS[0][0], RUNS[-1][0]])
+# The laptop run, the paper's first (its calibration falls in the lr warm-up) and the longer laptop one.
+RESUMED = [RUNS[0], next(run for run in RUNS if run[0].startswith("paper/")), RUNS[-1]]
+
+
+@pytest.mark.parametrize("name,plan", RESUMED, ids=[run[0] for run in RESUMED])
 def test_the_schedule_resumes_bit_for_bit(name, plan):
     spread = _falling(plan)
     whole = _drive(_schedule(plan), plan, spread)

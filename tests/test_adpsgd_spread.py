@@ -17,6 +17,7 @@ from commlab.core.runtime import rank_generator
 from commlab.grid import resolve_grid
 from commlab.loop.optim import lr_at
 from commlab.testing import drive, run_distributed
+from test_adpsgd_schedule import _moves
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULTS_OF_RUNS = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())["defaults"]  # as `commlab grid`
@@ -91,7 +92,8 @@ def _body(rank, world):
     out = {}
     for name, spread in (("falling", _falling), ("growing", _growing)):
         algo = _driven(rank, spread, RUN["total"]).algo
-        out[name] = ([h[0] for h in algo.schedule.history], _bits(getattr(algo.schedule, "decisions", [])))
+        out[name] = ([h[0] for h in algo.schedule.history], _bits(algo.schedule.decisions),
+                     _moves(algo.schedule, RUN["decay"]))
     out["resume"] = []
     for driven in [_driven(rank, _falling, RUN["total"]), _resumed(rank, 20), _resumed(rank, RUN["decay"] + 3)]:
         out["resume"].append(([p.detach().clone() for p in driven.model.parameters()],
@@ -114,11 +116,15 @@ def test_the_spread_of_the_gradients_decides_the_synchronisations(ranks):
     assert len(before["falling"]) < len(before["growing"])  # a falling spread needs fewer
     budget = cpsgd_syncs(RUN["params"]["budget_period"], RUN["total"])
     assert len(falling) <= budget and len(growing) <= budget
-    # The falling spread lets the rule lengthen its period before the decay; at the decay it
-    # re-tightens.
+    # Before the decay, after its calibration, the rule lengthens the period each decision starts
+    # from (or holds it) under the falling spread and shortens it (or holds it) under the growing
+    # one, each at least once (a rule that keeps its period, or a constant one, fails one of them);
+    # at the decay it re-tightens.
+    lengthened, shortened = results[0]["falling"][2], [-move for move in results[0]["growing"][2]]
+    assert min(lengthened) >= 0 and max(lengthened) > 0
+    assert min(shortened) >= 0 and max(shortened) > 0
     decisions = results[0]["falling"][1]
     periods = [d[4] for d in decisions if d[0] < decay]
-    assert periods[-1] > periods[0]
     assert next(d[4] for d in decisions if d[0] >= decay) < periods[-1]
 
 

@@ -3,6 +3,8 @@ also those inside functions.
 
 * no import cycle among commlab's modules;
 * ``core`` imports nothing of commlab above it;
+* no module imports a package or top-level module of a layer above its own (:data:`LAYERS`: the
+  loop above tracking and provenance, launching above the loop, ...);
 * ``compress`` and ``algorithms`` never import the loop, tracking, launching, the CLI, reports or
   benchmarks;
 * the config (and the generic options parser) do not import the methods;
@@ -110,6 +112,42 @@ def test_core_imports_only_core():
     outside = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if _inside(m, "commlab.core")
                      for t in targets if not _inside(t, "commlab.core"))
     assert outside == []
+
+
+#: commlab's packages and top-level modules, bottom layer first: a module imports from its own
+#: layer and those below, never from one above (docs/architecture.md, "The layers"). A new package
+#: or top-level module takes its place here.
+LAYERS = (
+    ("commlab", "commlab.core", "commlab.registry", "commlab.options", "commlab.malloc", "commlab.provenance"),
+    ("commlab.compress", "commlab.data", "commlab.models"),
+    ("commlab.algorithms", "commlab.config", "commlab.grid"),
+    ("commlab.tracking", "commlab.tracking_relay"),
+    ("commlab.loop",),
+    ("commlab.launch",),
+    ("commlab.bench", "commlab.testing"),
+    ("commlab.report",),
+    ("commlab.cli", "commlab.__main__"),
+)
+
+
+def imports_up(graph: dict[str, set[str]], layers: tuple[tuple[str, ...], ...]) -> list[str]:
+    """Each import in ``graph`` of a package or top-level module from a layer above the importer's
+    (``m imports t``); a module's place is its first two name parts (``commlab.loop.heap``: ``commlab.loop``)."""
+    level = {unit: i for i, layer in enumerate(layers) for unit in layer}
+
+    def place(module: str) -> int:
+        return level[".".join(module.split(".")[:2])]
+
+    return sorted(f"{m} imports {t}" for m, targets in graph.items() for t in targets if place(t) > place(m))
+
+
+def test_no_module_imports_a_layer_above():
+    layers = (("commlab", "commlab.low"), ("commlab.high",))
+    assert imports_up({"commlab.low.a": {"commlab.high.b", "commlab.low.c"}, "commlab.high.b": {"commlab.low.c"},
+                       "commlab.low.c": {"commlab"}}, layers) == ["commlab.low.a imports commlab.high.b"]
+    placed = [unit for layer in LAYERS for unit in layer]
+    assert sorted(placed) == sorted({".".join(name.split(".")[:2]) for name in MODULES})  # each once
+    assert imports_up(GRAPH, LAYERS) == []
 
 
 def test_methods_and_compressors_never_import_the_layers_above():

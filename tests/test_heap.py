@@ -1,5 +1,6 @@
-"""The worker's malloc settings (commlab.loop.heap): what is set from which environment, that
-glibc then keeps a freed block instead of faulting it back in, and a bad variable's message."""
+"""The worker's malloc settings (commlab.malloc, applied by commlab.loop.heap): what is set from
+which environment, that glibc then keeps a freed block instead of faulting it back in, and a bad
+variable's message."""
 
 from __future__ import annotations
 
@@ -9,21 +10,21 @@ import sys
 
 import pytest
 
-from commlab.loop import heap
+from commlab import malloc
 
 GLIBC = sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION") is not None
 
 
 def test_defaults_and_glibc_variables():
-    assert heap.settings({}) == {heap.M_TRIM_THRESHOLD: 1 << 30, heap.M_MMAP_THRESHOLD: 32 << 20}
-    assert heap.settings({"MALLOC_TRIM_THRESHOLD_": "4096"}) == {heap.M_TRIM_THRESHOLD: 4096,
-                                                                 heap.M_MMAP_THRESHOLD: 32 << 20}
-    assert heap.settings({"MALLOC_MMAP_THRESHOLD_": "131072"})[heap.M_MMAP_THRESHOLD] == 131072
-    assert heap.settings({"COMMLAB_MALLOC": "system"}) == {}
-    assert heap.settings({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}) == {}
-    assert heap.settings({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}) != {}
-    assert heap.describe({}) == "trim_threshold=1073741824 mmap_threshold=33554432"
-    assert heap.describe({"COMMLAB_MALLOC": "system"}) == "system"
+    assert malloc.settings({}) == {malloc.M_TRIM_THRESHOLD: 1 << 30, malloc.M_MMAP_THRESHOLD: 32 << 20}
+    assert malloc.settings({"MALLOC_TRIM_THRESHOLD_": "4096"}) == {malloc.M_TRIM_THRESHOLD: 4096,
+                                                                   malloc.M_MMAP_THRESHOLD: 32 << 20}
+    assert malloc.settings({"MALLOC_MMAP_THRESHOLD_": "131072"})[malloc.M_MMAP_THRESHOLD] == 131072
+    assert malloc.settings({"COMMLAB_MALLOC": "system"}) == {}
+    assert malloc.settings({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"}) == {}
+    assert malloc.settings({"GLIBC_TUNABLES": "glibc.pthread.rseq=0"}) != {}
+    assert malloc.describe({}) == "trim_threshold=1073741824 mmap_threshold=33554432"
+    assert malloc.describe({"COMMLAB_MALLOC": "system"}) == "system"
 
 
 @pytest.mark.parametrize(("environ", "named"), [({"COMMLAB_MALLOC": "jemalloc"}, "COMMLAB_MALLOC"),
@@ -31,7 +32,7 @@ def test_defaults_and_glibc_variables():
                                                 ({"MALLOC_MMAP_THRESHOLD_": "-1"}, "MALLOC_MMAP_THRESHOLD_")])
 def test_bad_variable_is_named(environ, named):
     with pytest.raises(ValueError, match=named):
-        heap.settings(environ)
+        malloc.settings(environ)
 
 
 # Three rounds of malloc, touch every page, free, of one 16 MiB block (under the 32 MiB mmap

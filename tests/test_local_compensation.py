@@ -4,8 +4,10 @@ the method declares, over several steps, against their formulas written out here
 Each case plays a worker's local replica ``w`` for STEPS steps: a given gradient every step, taken
 at the replica before the step (``w_grad``); at the refresh steps the replica first jumps to given
 global weights (``w_now``) and the worker receives a given global gradient, which it then holds;
-every step has its own learning rate. Single process; the method's collectives are covered by
-tests/test_ssdsgd_rules.py."""
+every step has its own learning rate. GLU as released is checked against the released kernel and
+optimizer written out here from their C++ and Python sources (main-520/SSD-SGD), on one parameter
+and on several (its snapshot counter runs over all of them). Single process; the method's
+collectives are covered by tests/test_ssdsgd_rules.py."""
 
 from __future__ import annotations
 
@@ -55,9 +57,13 @@ def product(params: dict) -> list[torch.Tensor]:
                 w.copy_(jumps[t])
             shift = w.detach() - before
             held = global_grads[t]
-        direction = rule.direction(grads[t], shift, held)
-        w.grad = None if direction is None else direction.clone()
         set_lr(opt, lr_of(t))
+        if rule.writes_replica:  # the rule writes the replica; the loop's optimizer skips the step
+            with torch.no_grad():
+                rule.write_replica([w.detach()], [grads[t]], SCALE * lr_of(t))
+            w.grad = None
+        else:
+            w.grad = rule.direction(grads[t], shift, held).clone()
         opt.step()
         out.append(w.detach().clone())
     return out
@@ -68,10 +74,46 @@ def step(w: torch.Tensor, d: torch.Tensor, t: int) -> torch.Tensor:
     return w - SCALE * lr_of(t) * (d + DECAY * w)
 
 
+# ---- the release's GLU, written out from main-520/SSD-SGD ------------------------------------------
+def dc_kernel(weight, grad, previous, param_clip_gradient, param_lr, param_lam, param_wd, param_rescale_grad):
+    """DCKernel::Map (src/operator/optimizer_op-inl.h:110-121), its parameters in their declared
+    order: out = (-1.0) * lr * (wd * weight + grad + (previous - weight) * 0.5)."""
+    return (-1.0) * param_lr * (param_wd * weight + grad + (previous - weight) * 0.5)
+
+
+def dc_sgd_update(weight, grad, previous, lr, wd=0.0, rescale_grad=1.0, clip_gradient=-1.0, lam=0.04):
+    """DCUpdate (lines 123-143) with DCParam's defaults (lines 68-94): the kernel launched with
+    (clip_gradient, lr, wd, rescale_grad, lam), positionally."""
+    return dc_kernel(weight, grad, previous, clip_gradient, lr, wd, rescale_grad, lam)
+
+
+class ReleasedGLUOptimizer:
+    """GLU.update (python/mxnet/optimizer/optimizer.py:1229-1249) under Python 2, momentum 0, with
+    the Updater's create_state at a parameter's first call (lines 1221-1227, 1848-1849)."""
+
+    def __init__(self, rescale_grad=1.0, wd=1e-4, lamda=0.04):
+        self.rescale_grad, self.wd, self.lamda = rescale_grad, wd, lamda
+        self.states: dict[int, tuple] = {}
+        self.local_num = 0
+
+    def update(self, index, weight, grad, lr):
+        if index not in self.states:
+            self.states[index] = (None, weight.clone(), weight.clone())
+        grad = grad * self.rescale_grad
+        mom, previous_weight, previous_weight_s = self.states[index]
+        weight = dc_sgd_update(weight, grad, previous_weight_s, lr=lr, wd=self.wd, lam=self.lamda)  # out = weight
+        if self.local_num % 5 == 0:
+            previous_weight_s = weight.clone()  # previous_weight_s[:] = weight
+        self.states[index] = (mom, previous_weight, previous_weight_s)
+        self.local_num += 1
+        return weight
+
+
 def reference(rule: str, **knobs) -> list[torch.Tensor]:
     """The rules' formulas, written out."""
     start, grads, jumps, global_grads = _inputs()
     w, held, mean_square, out = start.clone(), None, torch.zeros(SIZE), []
+    released = ReleasedGLUOptimizer()
     for t in range(STEPS):
         g = grads[t]
         w_grad = w
@@ -88,7 +130,7 @@ def reference(rule: str, **knobs) -> list[torch.Tensor]:
             beta = knobs["beta"]
             w = step(w, g if held is None else (1 - beta) * g + beta * held, t)
         elif rule == "glu_released":
-            pass  # no local step: the replica keeps the last global weights it was given
+            w = released.update(0, w, g, SCALE * lr_of(t))
         out.append(w)
     return out
 
@@ -122,8 +164,69 @@ def test_the_cases_differ_from_each_other():
             assert (finals[a] - finals[b]).abs().max() > 1e-3, (a, b)
 
 
-def test_glu_released_keeps_the_global_weights_exactly():
-    _, _, jumps, _ = _inputs()
-    got = product({"local_optimizer": "glu", "glu_reading": "released"})
-    assert torch.equal(got[REFRESH[0]], jumps[REFRESH[0]])
-    assert torch.equal(got[STEPS - 1], jumps[REFRESH[-1]])
+def _released(n_steps: int, sizes: tuple[int, ...], lrs: list[float], seed: int = 3):
+    """The release's GLU on a replica of len(sizes) parameters for n_steps steps: the rule's
+    replicas after each step, the written-out optimizer's, and the snapshots of both."""
+    gen = torch.Generator().manual_seed(seed)
+    start = [torch.randn(n, generator=gen) for n in sizes]
+    grads = [[torch.randn(n, generator=gen) for n in sizes] for _ in range(n_steps)]
+    rule = build_rule(parse_options(ALGORITHMS.get("ssdsgd").Options, {"local_optimizer": "glu",
+                                                                        "glu_reading": "released"}))
+    optimizer = ReleasedGLUOptimizer()
+    mine, theirs = [w.clone() for w in start], [w.clone() for w in start]
+    got, expected = [], []
+    for t in range(n_steps):
+        rule.write_replica(mine, grads[t], lrs[t])
+        theirs = [optimizer.update(j, w, g, lrs[t]) for j, (w, g) in enumerate(zip(theirs, grads[t], strict=True))]
+        got.append([w.clone() for w in mine])
+        expected.append(theirs)
+    return got, expected, rule, optimizer
+
+
+def test_glu_released_is_the_kernel_written_over_the_replica_on_hand_numbers():
+    """w = 1, g = 0.5, lr = 0.5: -0.5 (1 + 0.5) = -0.75, snapshot; -0.5 (-0.75 + 0.5) = 0.125;
+    -0.5 (0.125 + 0.5 + 0.5 (-0.75 - 0.125)) = -0.09375 (the snapshot still the first step's)."""
+    rule = build_rule(parse_options(ALGORITHMS.get("ssdsgd").Options, {"local_optimizer": "glu",
+                                                                        "glu_reading": "released"}))
+    w = [torch.tensor([1.0])]
+    out = []
+    for _ in range(3):
+        rule.write_replica(w, [torch.tensor([0.5])], 0.5)
+        out.append(w[0].item())
+    assert out == [-0.75, 0.125, -0.09375]
+    assert rule.previous[0].item() == -0.75 and rule.calls == 3
+
+
+def test_glu_released_follows_the_release_over_several_parameters():
+    """Three parameters, twelve steps: the call counter runs over all of them, so parameter j is
+    snapshotted at step n when (3 n + j) % 5 == 0 (j = 0 at n = 0, 5, 10; j = 1 at 3, 8; j = 2 at
+    1, 6, 11)."""
+    lrs = [0.3 + 0.05 * t for t in range(12)]
+    got, expected, rule, optimizer = _released(12, (6, 5, 4), lrs)
+    for t, (mine, theirs) in enumerate(zip(got, expected, strict=True)):
+        for j, (a, b) in enumerate(zip(mine, theirs, strict=True)):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=f"step {t}, parameter {j}")
+    for j, prev in enumerate(rule.previous):
+        torch.testing.assert_close(prev, optimizer.states[j][2])
+    # the snapshots: parameter 0 last at step 10, 1 at step 8, 2 at step 11
+    assert [torch.equal(rule.previous[j], got[n][j]) for j, n in enumerate((10, 8, 11))] == [True] * 3
+    assert rule.calls == 36
+
+
+def test_glu_released_state_resumes_exactly():
+    lrs = [0.4] * 9
+    got, _, _, _ = _released(9, (6, 5, 4), lrs)
+    options = parse_options(ALGORITHMS.get("ssdsgd").Options, {"local_optimizer": "glu", "glu_reading": "released"})
+    gen = torch.Generator().manual_seed(3)
+    start = [torch.randn(n, generator=gen) for n in (6, 5, 4)]
+    grads = [[torch.randn(n, generator=gen) for n in (6, 5, 4)] for _ in range(9)]
+    first, w = build_rule(options), [x.clone() for x in start]
+    for t in range(4):
+        first.write_replica(w, grads[t], lrs[t])
+    second = build_rule(options)
+    second.load_state_dict({k: ([x.clone() for x in v] if isinstance(v, list) else v)
+                            for k, v in first.state_dict().items()})
+    for t in range(4, 9):
+        second.write_replica(w, grads[t], lrs[t])
+    for a, b in zip(w, got[-1], strict=True):
+        assert torch.equal(a, b)

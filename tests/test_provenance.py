@@ -87,7 +87,7 @@ def test_a_benchmarks_environment_record():
 
     import torch
 
-    from commlab.loop.heap import describe
+    from commlab.malloc import describe
 
     env = provenance.environment()
     assert set(env) == {"host", "python", "torch", "cpus", "load_average", "device", "cuda", "git_commit", "time",

@@ -2,7 +2,8 @@
 blocks and the inline `commlab ... --option` commands of their prose. Nothing runs; each tool's own
 parser reads the arguments (commlab's argparse, each benchmark's own argparse for `commlab bench
 NAME ...`, torchrun's, Snakemake's, MLflow's click command, `make -n`), so an option or subcommand
-a page names and the code lacks fails here rather than in a reader's shell.
+a page names and the code lacks fails here rather than in a reader's shell. Likewise each method
+and grid the README's table of papers and methods names exists.
 """
 
 from __future__ import annotations
@@ -175,13 +176,26 @@ def test_launch_network_options_reach_the_launcher(monkeypatch):
     assert calls == [("run.yaml", None, 1000.0, 0.5)]
 
 
-def test_the_readme_names_every_registered_method():
-    """The README's table of papers and methods names every method the package registers."""
+def papers_table(text: str) -> tuple[set[str], set[str]]:
+    """The method names and the grid names of the README's table of papers and methods: the
+    `code` spans of its methods column and of its grid column."""
+    assert "## Papers and methods" in text
+    section = text[text.index("## Papers and methods"):].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("|")][2:]  # past the head
+    assert rows and all(len(cells) == 3 for cells in rows), "a row of paper | methods | grid"
+    methods = {name for cells in rows for name in re.findall(r"`([a-z0-9_]+)`", cells[1])}
+    grids = {name for cells in rows for name in re.findall(r"`([a-z0-9_]+)`", cells[2])}
+    return methods, grids
+
+
+def test_what_the_readme_table_names_exists():
+    """Each method the README's table of papers and methods names is registered, and each grid it
+    names is a grid file. The table is not the full list (a new method need not be added to it):
+    `commlab list` is, and tests/test_method_traits.py checks that it lists every method."""
     import commlab.algorithms  # noqa: F401 - registers the package's methods
     from commlab.registry import ALGORITHMS
 
-    text = README.read_text()
-    assert "## Papers and methods" in text
-    table = text[text.index("## Papers and methods"):].split("\n## ", 1)[0]
-    named = set(re.findall(r"`([a-z0-9_]+)`", table))
-    assert sorted(set(ALGORITHMS.package_names()) - named) == []
+    methods, grids = papers_table(README.read_text())
+    assert {"ssgd", "kstep", "oktopk", "redsync", "ssdsgd", "adpsgd"} <= methods  # the table was read
+    assert sorted(methods - set(ALGORITHMS.package_names())) == []
+    assert sorted(g for g in grids if not (ROOT / "config" / "papers" / f"{g}.yaml").is_file()) == []

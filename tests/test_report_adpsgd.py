@@ -212,19 +212,24 @@ SEED0_RULE = (8, 8, 8, 21, 27, 31, 31, 8, 8, 23, 21)
 CALIBRATING = (7, 15, 23, 128, 145)  # decisions without a target: the calibration's
 
 
-def decided(syncs=SEED0_SYNCS, rule=SEED0_RULE, calibrating=CALIBRATING, decay: int | None = 128) -> tuple:
+def decided(syncs=SEED0_SYNCS, rule=SEED0_RULE, calibrating=CALIBRATING, decay: int | None = 128,
+            in_force=None) -> tuple:
     """One ADPSGD run of 192 steps (budget period 16) with its decisions at their steps, the lr at
     log points every 5 steps (0.05, x0.1 from step ``decay``: the point at c logs step c - 1's)
-    and evaluations at the epoch ends 64, 128, 192."""
+    and evaluations at the epoch ends 64, 128, 192. With ``in_force`` (the periods in force) the
+    run also logs the budget's deferrals, where the period in force is above the rule's."""
     frame = runs([{"name": "adpsgd_b16", "method": "adpsgd", "seed": 0, "reductions_global": float(len(syncs)),
                    "param.method_params.budget_period": "16", "test_accuracy": 84.0, "wall_seconds": 60.0}])
     points = []
     for step, chosen in zip(syncs, rule, strict=True):
+        period = chosen if in_force is None else in_force[syncs.index(step)]
         points += [("adpsgd_b16", 0, "algo_sync_variance", step, 1.0 / (1 + step)),
                    ("adpsgd_b16", 0, "algo_sync_rule_period", step, float(chosen)),
-                   ("adpsgd_b16", 0, "algo_sync_period", step, float(chosen))]
+                   ("adpsgd_b16", 0, "algo_sync_period", step, float(period))]
         if step not in calibrating:
             points.append(("adpsgd_b16", 0, "algo_sync_target", step, 0.01))
+        if in_force is not None:
+            points.append(("adpsgd_b16", 0, "algo_sync_deferred", step, float(period > chosen)))
     points += [("adpsgd_b16", 0, "lr", c, 0.005 if decay is not None and c - 1 >= decay else 0.05)
                for c in range(5, 193, 5)]
     points += [("adpsgd_b16", 0, "test_accuracy", c, 80.0) for c in (64, 128, 192)]
@@ -262,6 +267,27 @@ def test_the_rule_over_training_from_its_decisions(syncs, rule, calibrating, ver
                             "the rule's period 21→31 (steps 31→110; V over the 8 and 31 steps before them "
                             "0.0312→0.00901), at the decay (step 128) 31→8")
         assert f"the {len(calibrating)} decisions without a target" in row.note
+
+
+def test_the_rule_is_judged_on_its_own_periods_apart_from_the_budget_deferrals():
+    """The laptop run's periods in force, with a rule that held 8 throughout and a budget that
+    deferred 6 of its 11 decisions (21, 27, 31, 31 before the decay, 23, 21 after): the claim
+    reads the rule's periods, which neither lengthened nor reset at the decay, and says how many
+    decisions the budget deferred."""
+    frame, points = decided(rule=(8,) * 11, in_force=SEED0_RULE)
+    found = adpsgd.rule_over_training(evidence(frame, points))
+    assert found["flags"] == [True, True, False, False]  # read on the periods in force: all four
+    assert found["deferrals"] == ""
+    row = claims(adpsgd, frame, points)[PERIOD]
+    assert row.verdict == "partly reproduced"
+    assert row.ours == ("adpsgd_b16/s0: syncs per half of steps 0-127 5/2 vs CPSGD p16 4/4, the budget deferred "
+                        "6 of its 11 decisions, after calibration the rule's period 8→8 (steps 31→110; V over the 8 "
+                        "and 31 steps before them 0.0312→0.00901), at the decay (step 128) 8→8")
+    assert "apart from the budget's deferrals):" in row.note
+    # Without `deferred` (runs that did not log it) the note says the rule's period carries the budget's.
+    frame, points = decided()
+    assert adpsgd.rule_over_training(evidence(frame, points))["deferrals"] == (
+        "; 1 of the runs logged no `deferred`: their rule's period at a deferral is the budget's")
 
 
 def test_runs_without_their_decisions_fall_back_to_the_log_points():

@@ -117,8 +117,11 @@ def test_glu_gain_is_paired(glu, verdict, words):
     assert row.verdict == verdict and row.note.startswith("GLU - plain: gain ") and f"{words}. " in row.note
     assert "seed spread" not in row.ours + row.note
     assert row.ours.endswith("; refresh distance not measured (the runs logged no algo_refresh_distance_mean)")
-    assert "broken" not in row.note and "our reading of the papers' words" in row.note
-    assert "The release's GLU takes no local step at all" in row.note
+    assert "broken" not in row.note and "a hypothesis of ours built from the papers' words" in row.note
+    assert "beta 0.5 and g_global, the averaged gradient received at the last refresh, are our choices" in row.note
+    assert ("writes its kernel's output -lr (w + g + (prev - w) / 2) over the local weights (glu_reading: released), "
+            "so the paper's GLU cannot be recovered from it") in row.note
+    assert "no local step" not in row.note
     assert table[GLU_K1].verdict == "not measured"
 
 
@@ -144,7 +147,33 @@ def test_glu_is_judged_at_both_delays(k1_names, k1_gain, k5_gain, verdicts):
     assert k5.ours.endswith("; refresh distance GLU/plain 0.81/0.72")
     assert f"gain {sum(k1_gain) / 3:+.2f} points (paired over seeds 0, 1, 2;" in k1.note
     assert "At k = 1 the averaged gradient GLU mixes in is one step old and used once" in k1.note
-    assert "applies the same one-period-old averaged gradient five times" in k5.note
+    assert ("mixes the same averaged gradient (one step's average, received at the refresh) into the five local "
+            "steps of a period, 1 to 5 steps old") in k5.note
+
+
+def test_runs_of_the_released_glu_never_judge_the_glu_claim():
+    """GLU runs logged with glu_reading: released are the release's kernel, not the paper's
+    mechanism: a delay whose only pair is such a run is not measured (and says why); a delay with a
+    described pair after it is judged on that pair."""
+    plain = [80.0, 81.0, 79.0]
+    better = [p + 2.0 for p in plain]
+    named = {"odsgd_glu": (better, [90.0] * 3), "odsgd_sgd": (plain, [90.0] * 3),
+             "ssd_k1_glu": ([p - 3.0 for p in plain], [90.0] * 3), "ssd_k1_sgd": (plain, [90.0] * 3),
+             ssd.SSD: (better, [90.0] * 3), "ssd_k5_sgd": (plain, [90.0] * 3)}
+    frame, points = frame_of(named)
+    reading = {"odsgd_glu": "released", ssd.SSD: "released", "ssd_k1_glu": "described"}
+    frame["param.method_params.glu_reading"] = frame.name.map(reading).fillna("None")
+    table = claims(ssd, frame, points)
+    k1, k5 = table[GLU_K1], table[GLU]
+    assert k5.verdict == "not measured"
+    assert k5.ours == ("ssd_k5_glu ran GLU as released (glu_reading: released), not the paper's mechanism: no runs "
+                       "of the described reading to judge")
+    assert "cannot be recovered from it" in k5.note
+    # k = 1: odsgd_glu (released) is passed over for ssd_k1_glu (described), 3 points below plain
+    assert k1.verdict == "contradicted" and k1.ours.startswith("ssd_k1_glu vs ssd_k1_sgd: GLU ")
+    # without the param (runs logged before the option) a run is the default, described
+    described = claims(ssd, frame.drop(columns="param.method_params.glu_reading"), points)
+    assert described[GLU].verdict == "reproduced" and described[GLU_K1].ours.startswith("odsgd_glu vs odsgd_sgd")
 
 
 def test_a_glu_gain_still_moving_is_not_testable_at_this_budget():

@@ -6,7 +6,9 @@ replica; the global replica (PyTorch's SGD with momentum and weight decay) appli
 four gradients of a step only when a refresh needs it (the updates of every earlier step, in
 order); at a refresh each local replica is overwritten by the global one and the worker receives
 the latest global gradient (the last applied mean gradient, or the last global step over its
-learning rate); then every worker takes its local step with the rule's formula."""
+learning rate); then every worker takes its local step with the rule's formula (GLU as released:
+the release's kernel written over each parameter of the worker's replica, its snapshot retaken on
+every fifth call of one counter over the parameters)."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ CASES = {
     "ssd_dcasgd": ("ssdsgd", {"k": 3, "local_optimizer": "dcasgd", "dc_lambda": 2.0, "dc_ms_decay": 0.9}),
     "ssd_glu_gradient": ("ssdsgd", {"k": 3, "local_optimizer": "glu", "glu_weight": 0.5, "glu_source": "gradient"}),
     "ssd_glu_update": ("ssdsgd", {"k": 3, "local_optimizer": "glu", "glu_weight": 0.5, "glu_source": "update"}),
-    "ssd_glu_released": ("ssdsgd", {"k": 3, "local_optimizer": "glu", "glu_reading": "released"}),
+    "ssd_glu_released": ("ssdsgd", {"k": 3, "local_optimizer": "glu", "glu_reading": "released",
+                                    "local_rescale": "release"}),
     "od_glu_gradient": ("odsgd", {"local_optimizer": "glu", "glu_weight": 0.5}),
 }
 
@@ -95,6 +98,9 @@ class Reference:
         self.pending: list[tuple[torch.Tensor, float]] = []  # mean gradients launched, not yet applied
         self.held = None  # the global gradient the workers hold
         self.last_mean, self.last_step = None, None
+        self.sizes = [p.numel() for p in self.scratch.parameters()]
+        self.snapshots: list[list[torch.Tensor] | None] = [None] * world  # GLU as released: previous_weight_s
+        self.calls = [0] * world  # GLU as released: local_num
 
     def gradient(self, weights: torch.Tensor, rank: int, t: int) -> torch.Tensor:
         torch.nn.utils.vector_to_parameters(weights, self.scratch.parameters())
@@ -117,7 +123,7 @@ class Reference:
     def local_step(self, w: torch.Tensor, g: torch.Tensor, shift, rank: int, t: int) -> torch.Tensor:
         rule = self.params["local_optimizer"]
         if rule == "glu" and self.params.get("glu_reading") == "released":
-            return w  # no local step at all
+            return self.released_step(w, g, rank, t)
         if rule == "sgd":
             d = g
         elif rule == "dcasgd":
@@ -130,6 +136,22 @@ class Reference:
         if self.params.get("local_rescale") == "release":
             d = d / self.world
         return w - SCALE * lr_of(t) * (d + TRAIN["weight_decay"] * w)
+
+    def released_step(self, w: torch.Tensor, g: torch.Tensor, rank: int, t: int) -> torch.Tensor:
+        """Per parameter: w <- -lr (1.0 w + g + (prev - w) 0.5) (DCKernel, the unset rescale_grad in
+        the weight-decay slot), prev taken at the first call, retaken after every fifth call."""
+        if self.params.get("local_rescale") == "release":
+            g = g / self.world
+        lr = SCALE * lr_of(t)
+        ws, gs = list(torch.split(w, self.sizes)), torch.split(g, self.sizes)
+        if self.snapshots[rank] is None:
+            self.snapshots[rank] = [x.clone() for x in ws]
+        for j in range(len(ws)):
+            ws[j] = -lr * (1.0 * ws[j] + gs[j] + (self.snapshots[rank][j] - ws[j]) * 0.5)
+            if self.calls[rank] % 5 == 0:
+                self.snapshots[rank][j] = ws[j].clone()
+            self.calls[rank] += 1
+        return torch.cat(ws)
 
     def run(self) -> tuple[list, torch.Tensor]:
         trace = []
@@ -205,11 +227,11 @@ def test_the_rules_give_different_runs(references):
             assert (finals[a] - finals[b]).abs().max() > 1e-4, (a, b)
 
 
-def test_glu_released_workers_compute_on_the_last_refreshed_global_weights(references):
-    """No local step: between refreshes every worker's replica is the global replica of the last
-    refresh (warm-up's end before the first), the same on every worker."""
+def test_glu_released_workers_never_hold_the_global_weights_after_warmup(references):
+    """The release's kernel overwrites the replica at every local step, a refresh's included: after
+    the warm-up no worker's replica is the global one, and the workers' replicas differ."""
     trace, _ = references["ssd_glu_released"]
     for t in range(WARMUP, STEPS):
-        locals_, _ = trace[t]
-        last_refresh = max([r for r in range(WARMUP, t + 1) if (r - WARMUP + 1) % 3 == 0], default=WARMUP - 1)
-        assert all(torch.equal(w, trace[last_refresh][0][0]) for w in locals_), t
+        locals_, global_ = trace[t]
+        assert all((w - global_).abs().max() > 1e-3 for w in locals_), t
+        assert (locals_[0] - locals_[1]).abs().max() > 1e-6, t

@@ -212,7 +212,7 @@ def test_the_loops_one_call_records_the_runs_params_tags_and_network(tmp_path, u
     source tags, the scale in its name, the dataset as input; under an emulated network the link
     as the launcher built and measured it (settings as params, numbers as metrics at step 0, its
     label as a tag); and the run record for the launcher beside the run's outputs."""
-    from commlab.loop.heap import describe
+    from commlab.malloc import describe
     from commlab.provenance import source_tags
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])  # the paper's title: config/papers/kstep.yaml

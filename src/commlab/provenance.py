@@ -1,7 +1,7 @@
 """Where a result comes from: the code's commit, a run's source, the machine a measurement ran on.
 
-Every run and every benchmark names the code that produced it (DESIGN.md, "The flow of one run":
-the sentinel, the MLflow run and each benchmark file carry the commit):
+Every run and every benchmark names the code that produced it (docs/architecture.md, "The flow of
+one run": the sentinel, the MLflow run and each benchmark file carry the commit):
 
 * :func:`git_commit`: the checkout's commit, ``-dirty`` when tracked files changed, ``unknown``
   without git or a checkout;
@@ -22,6 +22,8 @@ import platform
 import subprocess
 import time
 from pathlib import Path
+
+from commlab.malloc import describe
 
 CHECKOUT = Path(__file__).resolve().parents[2]  # src/commlab/provenance.py -> the repository
 #: The module every training process runs (``python -m commlab.loop``, ``commlab train`` and each
@@ -59,14 +61,12 @@ def environment() -> dict:
     """The machine and code a benchmark measured on, for the ``environment`` block of its JSON."""
     import torch
 
-    from commlab.loop.heap import describe
-
     cuda = torch.cuda.is_available()
     return {"host": platform.node(), "python": platform.python_version(), "torch": torch.__version__,
             "cpus": os.cpu_count(), "load_average": [round(x, 2) for x in os.getloadavg()],
             "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
             "cuda": cuda, "git_commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "worker_malloc": describe()}  # the training workers' malloc settings (loop/heap.py)
+            "worker_malloc": describe()}  # the training workers' malloc settings (commlab.loop.heap)
 
 
 def _git(*args: str) -> str:

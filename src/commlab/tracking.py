@@ -61,6 +61,7 @@ from pathlib import Path
 
 from commlab.config import flatten
 from commlab.grid import grid_title
+from commlab.malloc import describe
 from commlab.provenance import git_commit, source_tags
 
 # Telemetry off before mlflow is imported anywhere (no network here, and none wanted).
@@ -225,14 +226,12 @@ def run_params(config: dict, facts: RunFacts) -> dict:
 def run_tags(config: dict, facts: RunFacts) -> dict[str, str]:
     """A new run's tags (MLflow's source tags come on top when it is created). Runs git: compute
     them only where they are recorded. Under an emulated network the link's label is a tag too."""
-    from commlab.loop.heap import describe
-
     tags = {"paper": config["paper"], "method": config["method"],
             "name": config.get("name") or config["method"], "seed": str(config["seed"]),
             "workers": str(facts.workers), "backend": facts.backend, "git_commit": git_commit(),
             "data_hash": str(facts.data_hash), "model": config["model"],
             "dataset": config["dataset"], "scale": config.get("scale") or "adhoc",
-            "worker_malloc": describe()}  # speed, not numbers, depends on it (loop/heap.py)
+            "worker_malloc": describe()}  # speed, not numbers, depends on it (commlab.loop.heap)
     emulated = (config.get("network") or {}).get("emulated")
     if emulated:
         tags["network"] = str(emulated.get("network_label", emulated.get("network_bandwidth_mbit")))

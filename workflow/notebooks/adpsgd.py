@@ -71,16 +71,19 @@ else:
 # %% [markdown]
 # ## The rule's decisions: period against V
 # Each ADPSGD synchronisation, per seed: the period the rule chose and the period in force after
-# the budget line (left), the variance V it measured and the target it holds V to (right, log
-# scale; CPSGD's V at its fixed period in grey). Where a run logged its decisions at their own
-# steps (`algo_sync_*`) those are drawn; otherwise each log point's last decision at the step of
-# its synchronisation (`algo_last_sync`: of two synchronisations within one log window, the later).
-# Decisions without a target are the calibration's. Dotted lines mark learning-rate decays, at the
-# first step whose learning rate dropped.
+# the budget line, crosses where the budget deferred the rule's synchronisation (left); the
+# variance V it measured, the rule's target and, crosses, the target a deferral raised to what
+# the budget affords (right, log scale; CPSGD's V at its fixed period in grey). Where a run
+# logged its decisions at their own steps (`algo_sync_*`) those are drawn; otherwise each log
+# point's last decision at the step of its synchronisation (`algo_last_sync`: of two
+# synchronisations within one log window, the later), without the budget's deferrals. Decisions
+# without a target are the calibration's. Dotted lines mark learning-rate decays, at the first
+# step whose learning rate dropped.
 
 
 # %%
-DECIDED = {"variance": "V", "target": "target", "rule_period": "chosen by the rule", "period": "in force"}
+DECIDED = {"variance": "V", "target": "target", "rule_period": "chosen by the rule", "period": "in force",
+           "deferred": "deferred", "budget_target": "budget's target"}
 
 
 def sync_decisions(history: pd.DataFrame) -> pd.DataFrame:
@@ -119,6 +122,11 @@ else:
         # NaN targets (calibrating) break the dashed line instead of bridging the calibration.
         axes[0].step(g.step, g["chosen by the rule"], where="post", color=colour, label=f"{label}: chosen by the rule")
         axes[0].step(g.step, g["in force"], where="post", color=colour, linestyle="--", label=f"{label}: in force")
+        if "deferred" in g:  # logged apart from the rule's decisions
+            held = g[g.deferred > 0]
+            axes[0].scatter(held.step, held["in force"], color=colour, marker="x", label=f"{label}: deferred")
+        if "budget's target" in g:
+            axes[1].scatter(g.step, g["budget's target"], color=colour, marker="x", label=f"{label}: budget's target")
         axes[1].plot(g.step, g.V, color=colour, marker="o", markersize=4, linewidth=1, label=f"{label}: V")
         if "target" in g:
             axes[1].step(g.step, g.target, where="post", color=colour, linestyle="--", linewidth=1,

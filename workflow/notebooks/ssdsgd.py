@@ -88,12 +88,14 @@ else:
 # they update. `refresh_distance` is how far the local replica still is from the global one just
 # before a refresh (L2, mean over the run).
 #
-# GLU as run here (`glu_reading: described`) makes half of every local step the averaged gradient
-# the worker received at its last refresh, and keeps that vector for the k steps of the period.
+# GLU as run here (`glu_reading: described`) is our hypothesis from the paper's words (its weight,
+# one half, and its source are our choices): half of every local step is the averaged gradient the
+# worker received at its last refresh (one step's average), kept for the k steps of the period.
 # At k = 1 it is one step old and used once: a lower-variance direction than the worker's own
 # gradient, and the replica tracks the global one more closely (a smaller refresh distance). At
-# k = 5 the same vector, taken on the previous period's replicas, is applied five times while the
-# worker's fresh gradient gets only half the step: the replica ends no closer to the global one
+# k = 5 the same vector, taken on the previous period's last replicas, is mixed into the five
+# local steps of the period, 1 to 5 steps old, while the worker's fresh gradient gets only half
+# the step: the replica ends no closer to the global one
 # than with plain local SGD. Our reading of the lost accuracy: what is wrong in that displacement
 # is the same on every worker (they all hold the same global gradient), so it does not average out
 # in the allreduce as the independent errors of plain local steps do, and the mean gradient the
@@ -101,12 +103,15 @@ else:
 # depends on k: the table pairs the two by seed at each k the runs have (`--scale laptop_glu` runs
 # k = 1, 2 and 5 with the same warm-up).
 #
-# The released code's GLU takes no local step at all (`glu_reading: released`: the workers compute
-# on the last refreshed global weights, SSGD with gradients 1 to k updates old). On this grid
-# (k = 5, momentum 0.9, lr 0.05, warm-up 20) that diverges, and a local step of 1x the global
-# learning rate on the mean gradient (the release's `lr_local / workers`, `local_rescale: release`)
-# leaves plain local SGD far behind and GLU diverging: without enough compensation the delay
-# destabilises momentum SGD. Neither can be a grid run (a diverged run stops the pipeline);
+# The released code's GLU cannot stand in for the paper's: its one live line is indented with a
+# tab (Python 3 refuses the file), and under Python 2 it writes a kernel's output,
+# -lr_l (w + g + (prev - w) / 2), over the local weights instead of adding a step
+# (`glu_reading: released`; `commlab.algorithms.local_compensation` has the lines). The paper's
+# GLU cannot be recovered from it, and runs of that reading leave the GLU claims not measured.
+# A local step of 1x the global learning rate on the mean gradient (the release's
+# `lr_local / workers`, `local_rescale: release`) leaves plain local SGD far behind and GLU
+# diverging on this grid (k = 5, momentum 0.9, lr 0.05, warm-up 20): without enough compensation
+# the delay destabilises momentum SGD. Neither is a grid run (a diverged run stops the pipeline);
 # docs/ssdsgd.md says how to run them. The GLU claims above are judged on the described reading at
 # the two delays the papers use: OD-SGD's k = 1 (`odsgd_glu` against `odsgd_sgd`) and SSD-SGD's
 # k = 5. The figure below the table sets the delays side by side where more than one ran.
@@ -178,10 +183,11 @@ else:
 # replica** that computes gradients and moves with the worker's own gradient through a local rule
 # at 4x the global learning rate; every k steps (OD-SGD: k = 1) the local replica is overwritten
 # by the global one. The first steps are synchronous (warm-up). Local rules: `sgd` (plain local
-# SGD), `dcasgd` (DC-ASGD delay compensation), `glu` (global gradient for local update, as the
-# paper describes it: half the worker's gradient, half the latest averaged gradient it holds).
-# The formulas and their sources, and how the released code differs (its GLU takes no local step;
-# its local optimizer divides the gradient by the number of workers), are in the docstrings of
+# SGD), `dcasgd` (DC-ASGD delay compensation), `glu` (global gradient for local update, our
+# hypothesis from the paper's words: half the worker's gradient, half the latest averaged
+# gradient it holds). The formulas and their sources, and how the released code differs (its GLU
+# writes a kernel's output over the local weights; its local optimizer divides the gradient by the
+# number of workers), are in the docstrings of
 # `commlab.algorithms.local_compensation` and `commlab.algorithms.ssdsgd`.
 #
 # **What is trimmed at laptop scale**, so that the default pipeline stays a laptop's run:

@@ -36,7 +36,9 @@ Every run logs ``schedule.kind`` (``adaptive``), ``schedule.period`` and
    understates the drift until then) set the target: ``target_scale`` times the variance their
    mean rate gives at the calibration's period. The rate scales with lr^2, so the target is kept
    as a coefficient of lr^2 and moves with the learning rate (an lr warm-up, a cosine decay)
-   between calibrations; ``lr2_coef`` gives the coefficient instead (``target: lr2``).
+   between calibrations; ``lr2_coef`` gives the coefficient instead (``target: lr2``). The lr^2
+   that a rate is measured at, and that the target is taken at, is the mean of lr^2 over the
+   steps of the interval V grew over, not the synchronisation step's.
 3. The rule: the next period is the longest whose predicted variance ``rate * drift(p)`` stays
    at or under the target, at most ``growth`` times the current period and at least ``shrink``
    times it (always at least one step either way), within ``[min_period, max_period]``. While
@@ -53,27 +55,38 @@ Every run logs ``schedule.kind`` (``adaptive``), ``schedule.period`` and
    happen only once the progress (step + 1) / T reaches (k / B' - b) / (1 - b), where b is
    ``budget_borrow``, the fraction of the budget that may be spent ahead of the uniform pace
    (0: never ahead of CPSGD; 1: no pacing). When the line defers a synchronisation the rule
-   asked for, the target rises to the variance predicted at the deferred step and the rule
-   takes that period: the target becomes the level of variance this budget affords, and from
-   there the rule lengthens the period as the rate falls. The line only holds syncs back; what a
-   long period saves is spent later, after a re-tightening.
+   asked for, the target rises to the variance predicted at the deferred step and the rule's
+   next decision starts from that period: the target becomes the level of variance this budget
+   affords, and from there the rule lengthens the period as the rate falls. The line only holds
+   syncs back; what a long period saves is spent later, after a re-tightening.
 6. With ``final_average`` the last step is always a synchronisation.
 
 The decisions depend only on the measured variances and the lr schedule, which are the same on
 every rank (V comes from an allreduce), so every rank takes the same decisions and the sequence
-is deterministic for a seed. ADPSGD logs, at each log point, ``period`` (in force), ``rule_period``
-(the rule's), ``variance``, ``variance_rate`` and ``target`` of the last synchronisation with its
-step ``last_sync``, and ``syncs`` and ``retightens``; :meth:`ADPSGD.sync_events` hands out every
-decision with the step it was taken at.
+is deterministic for a seed.
+
+ADPSGD logs, at each log point, ``period`` (in force), ``rule_period`` (the rule's own),
+``variance``, ``variance_rate`` and ``target`` (the rule's) of the last synchronisation with its
+step ``last_sync``, and ``syncs`` and ``retightens``. :meth:`ADPSGD.sync_events` hands out every
+decision with the step it was taken at (the loop logs them as ``algo_sync_<name>``):
+``variance`` (V), ``target`` (the target the rule held V to; absent while calibrating),
+``rule_period`` (the rule's own decision), ``period`` (in force, after the budget),
+``deferred`` (1 where the budget set the period in force above the rule's, else 0) and
+``budget_target`` (where the budget line's deferral raised the target, the raised one: the
+variance predicted at the deferred step). The budget's decisions are thus logged apart from the
+rule's: ``rule_period`` and ``target`` never carry a deferral's values.
 
 Ours, not the paper's (this reconstruction works from the paper's abstract, which gives neither a
-formula nor constants): the drift model of step 1 (so that V measured over intervals of different
-lengths can be compared); the calibration and its constants (2 synchronisations, the momentum
-warm-up, half the budget's period) and the target's lr^2 scaling; the rule's form of step 3 and
-its step limits; the re-tightening after a decay of step 4 (the abstract does not mention decays;
-shortening the period when the lr drops follows AdaComm, Wang & Joshi, 2018); the budget line
-and the target that rises to what the budget affords (the paper compares methods at equal
-communication; how a run keeps to a budget is ours).
+formula nor constants, so every constant below is ours): the drift model of step 1 (so that V
+measured over intervals of different lengths can be compared); the calibration and its constants
+(2 synchronisations, the momentum warm-up 1 / (1 - m), half the budget's period, a target scale
+of 1) and the target's lr^2 scaling, taken at the interval's mean lr^2; the rule's form of step 3
+and its limits (at most 2 times longer and 0.5 times shorter per decision, periods in [1, 64]);
+the re-tightening after a decay of step 4 (a drop below 0.5 of the previous step's lr, back to
+the initial period; the abstract does not mention decays; shortening the period when the lr
+drops follows AdaComm, Wang & Joshi, 2018); the budget line (0.25 of the budget may be spent
+ahead of the uniform pace) and the target that rises to what the budget affords (the paper
+compares methods at equal communication; how a run keeps to a budget is ours).
 
 Usage (run config fragments)::
 
@@ -168,16 +181,20 @@ class AdaptiveSchedule(Schedule):
         super().__init__(initial)
         self.momentum, self.velocity_kept = momentum, velocity_kept
         self.warmup = momentum_warmup(momentum) if options.calibration_warmup is None else options.calibration_warmup
-        self.rule_period = self.initial_period  # the rule's period
+        self.rule_period = self.initial_period  # the rule's own period (its last decision, or a reset)
+        # The period the rule's next decision starts from: its own, or the one a deferral took.
+        self.base_period = self.initial_period
         self.period = self.initial_period  # the period in force (after the budget line)
         self.syncs, self.last_sync, self.retightens = 0, -1, 0
         self.variance, self.prev_lr = math.nan, None
+        self.lr2_sum, self.lr2_steps = 0.0, 0  # lr^2 summed over the steps since the last synchronisation
         self.target_value: float | None = options.lr2_coef  # the target's coefficient of lr^2 (None: calibrating)
         self.calibration: list[float] | None = [] if self.target_value is None else None
         self.calibrate_from = self.warmup  # first step of an interval the calibration may use
         self.clean_from = 0  # first step of an interval the rule may judge (after the last lr drop)
-        # Per synchronisation: (step, V, rate, target, the rule's period, the period in force).
-        self.decisions: list[tuple[int, float, float, float, int, int]] = []
+        # Per synchronisation: (step, V, rate, the rule's target, the rule's period, the period in
+        # force, whether the budget set it above the rule's, the target a deferral raised or NaN).
+        self.decisions: list[tuple[int, float, float, float, int, int, bool, float]] = []
         self.reported = 0  # decisions already handed out by sync_events()
         self.history: list[tuple[int, int, float]] = []
         self.next_sync = self._schedule_from(-1)
@@ -198,7 +215,24 @@ class AdaptiveSchedule(Schedule):
 
     def target(self, lr: float) -> float:
         """The variance target at learning rate ``lr`` (NaN while calibrating)."""
-        return math.nan if self.target_value is None else self.target_value * lr**2
+        return self._target_at(lr**2)
+
+    def _target_at(self, lr2: float) -> float:
+        """The variance target over an interval whose mean lr^2 is ``lr2`` (NaN while calibrating)."""
+        return math.nan if self.target_value is None else self.target_value * lr2
+
+    def _interval_lr2(self, lr: float) -> float:
+        """The mean lr^2 over the steps since the last synchronisation (the sync step's lr^2 when
+        no step's lr was observed), and a fresh sum for the next interval.
+
+        Without momentum V over the interval is the sum of its steps' ``(lr_t * s)^2``, so the
+        rate measured over it is s^2 times the interval's mean lr^2 (with momentum, a weighted
+        mean of the same lr^2, which the plain mean approximates). The sync step's lr^2 alone
+        misjudges it wherever the lr moves within the interval: under a warm-up it is the
+        interval's largest and would make the calibrated coefficient too small."""
+        lr2 = self.lr2_sum / self.lr2_steps if self.lr2_steps else lr * lr
+        self.lr2_sum, self.lr2_steps = 0.0, 0
+        return lr2
 
     def _schedule_from(self, step: int) -> int | None:
         """Next synchronisation step after one at ``step`` (-1: the start); None: no more."""
@@ -228,6 +262,8 @@ class AdaptiveSchedule(Schedule):
     # ---- the hooks ------------------------------------------------------------------------------
     def observe_lr(self, step: int, lr: float) -> None:
         """Step 4: a step whose lr is below ``lr_drop_ratio`` times the last one's is a decay."""
+        self.lr2_sum += lr * lr
+        self.lr2_steps += 1
         dropped = self.prev_lr is not None and lr < self.options.lr_drop_ratio * self.prev_lr
         self.prev_lr = lr
         if not dropped:
@@ -236,7 +272,7 @@ class AdaptiveSchedule(Schedule):
         if not self.options.retighten:
             return
         self.retightens += 1
-        self.rule_period = self.options.retighten_period or self.initial_period
+        self.rule_period = self.base_period = self.options.retighten_period or self.initial_period
         if self.options.target == "calibrate" or self.calibration is not None:
             self.calibration = []
             self.calibrate_from = step
@@ -253,27 +289,34 @@ class AdaptiveSchedule(Schedule):
         start, self.last_sync, self.variance = self.last_sync + 1, step, variance
         self.history.append((step, self.period, variance))
         rate = variance / self.drift(step - start + 1)
-        if self.calibration is not None and start >= self.calibrate_from and lr > 0:
-            self.calibration.append(rate / lr**2)
+        lr2 = self._interval_lr2(lr)  # the lr^2 the rate was measured at
+        if self.calibration is not None and start >= self.calibrate_from and lr2 > 0:
+            self.calibration.append(rate / lr2)
             if len(self.calibration) >= self.options.calibration_syncs:
                 mean = sum(self.calibration) / len(self.calibration)
                 self.target_value = self.options.target_scale * mean * self.drift(self.rule_period)
                 self.calibration = None
+        target = self._target_at(lr2)
         if self.calibration is None and start >= self.clean_from:
-            self.rule_period = rule_period(self.rule_period, rate, self.target(lr), self.drift, self.options)
+            self.rule_period = self.base_period = rule_period(self.base_period, rate, target, self.drift,
+                                                              self.options)
         self.next_sync = self._schedule_from(step)
-        if self.deferred and self.calibration is None and lr > 0:
+        budget_target = math.nan
+        if self.deferred and self.calibration is None and lr2 > 0:
             # The budget line deferred the rule's synchronisation: the rule takes the variance it
-            # will reach by then as its target (the level this budget affords) and that period.
-            self.target_value = rate * self.drift(self.period) / lr**2
-            self.rule_period = min(self.options.max_period, self.period)
-        self.decisions.append((step, variance, rate, self.target(lr), self.rule_period, self.period))
+            # will reach by then as its target (the level this budget affords), and its next
+            # decision starts from that period. Logged as the budget's, apart from the rule's.
+            budget_target = rate * self.drift(self.period)
+            self.target_value = budget_target / lr2
+            self.base_period = min(self.options.max_period, self.period)
+        deferred = self.next_sync is not None and self.period > self.rule_period
+        self.decisions.append((step, variance, rate, target, self.rule_period, self.period, deferred, budget_target))
 
     def metrics(self) -> dict[str, float]:
         out = {"period": float(self.period), "rule_period": float(self.rule_period), "syncs": float(self.syncs),
                "retightens": float(self.retightens)}
         if self.decisions:
-            step, variance, rate, target, _, _ = self.decisions[-1]
+            step, variance, rate, target = self.decisions[-1][:4]
             out.update(last_sync=float(step), variance=variance, variance_rate=rate)
             if not math.isnan(target):
                 out["target"] = target
@@ -281,23 +324,31 @@ class AdaptiveSchedule(Schedule):
 
     def sync_events(self) -> list[tuple[int, dict[str, float]]]:
         """The decisions taken since the last call, each with its synchronisation's step: V, the
-        target (left out while calibrating), the rule's period and the period in force."""
+        rule's target (left out while calibrating), the rule's period, the period in force,
+        whether the budget set it above the rule's (1 or 0) and the target a budget deferral
+        raised (only where one did), as the module docstring names them."""
         events = []
-        for step, variance, _, target, chosen, in_force in self.decisions[self.reported:]:
-            values = {"variance": variance, "rule_period": float(chosen), "period": float(in_force)}
+        for step, variance, _, target, chosen, in_force, deferred, budget_target in self.decisions[self.reported:]:
+            values = {"variance": variance, "rule_period": float(chosen), "period": float(in_force),
+                      "deferred": float(deferred)}
             if not math.isnan(target):
                 values["target"] = target
+            if not math.isnan(budget_target):
+                values["budget_target"] = budget_target
             events.append((step, values))
         self.reported = len(self.decisions)
         return events
 
-    _STATE = ("rule_period", "period", "syncs", "last_sync", "retightens", "variance", "prev_lr",
-              "target_value", "calibration", "calibrate_from", "clean_from", "next_sync", "history",
-              "decisions", "reported")
+    _STATE = ("rule_period", "base_period", "period", "syncs", "last_sync", "retightens", "variance", "prev_lr",
+              "lr2_sum", "lr2_steps", "target_value", "calibration", "calibrate_from", "clean_from", "next_sync",
+              "history", "decisions", "reported")
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.decisions = [tuple(d) for d in self.decisions]
+        if "base_period" not in state:  # saved before the rule's period was kept apart from a deferral's
+            self.base_period = self.rule_period
+        # Decisions saved before the budget's were logged apart: no deferral known.
+        self.decisions = [tuple(d) if len(d) == 8 else (*d, False, math.nan) for d in self.decisions]
 
 
 # ---- the method ---------------------------------------------------------------------------------
@@ -309,7 +360,7 @@ class ADPSGD(VarianceAveraging):
     family = "periodic"
     host_sync_budget = SyncBudget({"local": 0, "reduction": 1})  # a reduction reads V, which the rule decides on
     quick_run = QuickRun({"initial_period": 2, "calibration_syncs": 2, "calibration_warmup": 2})
-    resume = ResumeState("the rule's period, target and calibration, and every decision taken")
+    resume = ResumeState("the rule's period, target and calibration, the interval's lr^2, and every decision taken")
 
     @dataclass
     class Options(FamilyOptions):

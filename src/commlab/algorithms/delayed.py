@@ -15,8 +15,10 @@ rank keeps two replicas:
   (:mod:`commlab.algorithms.local_compensation`: plain, DC-ASGD or GLU, with their formulas and
   sources) at ``local_lr_scale`` times the run's learning rate: the method declares that
   optimizer (SGD with ``local_momentum``, the run's weight decay and ``lr_scale =
-  local_lr_scale``) and the loop builds and steps it. The global replica's optimizer is the
-  run's, built with the context's builder (``ctx.build_optimizer``).
+  local_lr_scale``) and the loop builds and steps it. GLU as released instead overwrites the
+  local replica with its kernel's output at that local rate, and the loop's optimizer skips the
+  step. The global replica's optimizer is the run's, built with the context's builder
+  (``ctx.build_optimizer``).
 
 The local step size. The released scripts pass ``--lr-local`` = 4 x ``--lr``, but the release's
 local optimizer is given the gradient divided by batch x workers (``rescale_grad``, SSD-SGD
@@ -103,7 +105,9 @@ class DelayedOptions:
     dc_ms_decay: float = 0.95  # dcasgd: decay of that mean square
     glu_weight: float = 0.5  # glu: weight of the latest global gradient in the local direction
     glu_source: str = "gradient"  # glu: gradient (latest average) | update (latest global step / its lr)
-    glu_reading: str = "described"  # glu: described (a local step with the global gradient) | released (no local step)
+    # glu: described (our hypothesis: a local step with the global gradient) | released (the release's
+    # kernel output written over the local replica; see commlab.algorithms.local_compensation)
+    glu_reading: str = "described"
     local_rescale: str = "mean"  # mean | release: the local direction divided by the workers, as the release's
     bucket_mb: float = 25.0  # allreduce bucket size in MB (as ssgd, so warm-up equals ssgd)
     # A local learning rate on a step schedule of its own (the released scripts' --lr-local and
@@ -227,11 +231,13 @@ class DelayedGlobalSGD(Algorithm):
             staleness = 0
         else:
             self._launch(grads, t, info.lr)
-            own = flatten(grads)
             shift = None
             if (t - self.options.warmup_steps + 1) % self.period == 0:
                 shift = self._refresh(t)
-            self._set_local_direction(self.rule.direction(own, shift, self.global_grad), info)
+            if self.rule.writes_replica:
+                self._write_local_replica(grads, info)
+            else:
+                self._set_local_direction(self.rule.direction(flatten(grads), shift, self.global_grad), info)
         self.counters["steps"] += 1
         self.counters["staleness_sum"] += staleness
         self.last["staleness"] = float(staleness)
@@ -254,13 +260,8 @@ class DelayedGlobalSGD(Algorithm):
             "global_version": float(self.version),
         }
 
-    def _set_local_direction(self, direction: torch.Tensor | None, info: StepInfo) -> None:
-        """Hand the local rule's direction to the loop's optimizer through the gradients. None (GLU
-        as released): gradients set to None, which torch optimizers skip, weight decay included."""
-        if direction is None:
-            for p in self.params:
-                p.grad = None
-            return
+    def _set_local_direction(self, direction: torch.Tensor, info: StepInfo) -> None:
+        """Hand the local rule's direction to the loop's optimizer through the gradients."""
         if self.options.local_rescale == "release":
             # The release's local optimizer sees the gradient summed over the batch and divided by
             # batch x workers (module.py:511-530): the mean gradient / workers. Weight decay is not divided.
@@ -272,13 +273,35 @@ class DelayedGlobalSGD(Algorithm):
                 p.grad = torch.zeros_like(p)
         unflatten_into(direction, [p.grad for p in self.params])
 
+    def _write_local_replica(self, grads: list[torch.Tensor], info: StepInfo) -> None:
+        """The rule overwrites the local replica (GLU as released) from the gradient the release's
+        local optimizer is given (over the workers with ``local_rescale: release``) at the local
+        learning rate; the loop's optimizer then skips the step."""
+        if self.options.local_rescale == "release":
+            grads = [g / self.comm.size for g in grads]
+        with torch.no_grad():
+            self.rule.write_replica([p.detach() for p in self.params], grads, self._local_rate(info))
+        self._skip_local_step()
+
+    def _skip_local_step(self) -> None:
+        """Gradients set to None, which torch optimizers skip, weight decay included."""
+        for p in self.params:
+            p.grad = None
+
+    def _local_rate(self, info: StepInfo) -> float:
+        """The local learning rate at this step: ``local_lr`` times ``local_gamma`` per milestone
+        passed when given, else ``local_lr_scale`` times the run's rate (the loop's optimizer's)."""
+        if self.options.local_lr is None:
+            return self.options.local_lr_scale * info.lr
+        epoch = info.step / self.ctx.steps_per_epoch
+        return self.options.local_lr * self.options.local_gamma ** sum(1 for m in self.options.local_milestones
+                                                                        if epoch >= m)
+
     def _on_local_schedule(self, direction: torch.Tensor, info: StepInfo) -> torch.Tensor:
         """The direction the loop's SGD (at the run's rate ``info.lr``, no weight decay) turns into
         a step of ``local_lr`` on its own schedule with the run's weight decay:
         ``(local_lr(t) / lr(t)) * (d + weight_decay * w)``. A step whose run rate is 0 stays put."""
-        epoch = info.step / self.ctx.steps_per_epoch
-        rate = self.options.local_lr * self.options.local_gamma ** sum(1 for m in self.options.local_milestones
-                                                                         if epoch >= m)
+        rate = self._local_rate(info)
         decay = self.ctx.run_optimizer.weight_decay
         if decay:
             direction = direction + decay * flatten([p.detach() for p in self.params])
@@ -298,8 +321,7 @@ class DelayedGlobalSGD(Algorithm):
         if self.rule.needs_global_grad:
             self.global_grad = self._global_signal()
         self._copy_global_to_local()
-        for p in self.params:
-            p.grad = None
+        self._skip_local_step()
 
     def _launch(self, grads: list[torch.Tensor], step: int, lr: float) -> None:
         """Start this step's gradient allreduce (copies: the own gradient is still needed)."""

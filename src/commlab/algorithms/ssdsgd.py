@@ -3,8 +3,10 @@ deep learning training", arXiv 2012.05396).
 
 OD-SGD's replicas (:mod:`commlab.algorithms.delayed`) with the local replica refreshed from the
 global one only every ``k`` steps (k = 5 in the release), so a worker takes up to k local steps
-on weights the global updates have moved on from; GLU (the paper's local rule) is the default
-local optimizer (:mod:`commlab.algorithms.local_compensation`: formulas and sources).
+on weights the global updates have moved on from; GLU (the paper's local rule, in our described
+reading by default; the release's, ``glu_reading: released``, is its kernel written over the
+local weights) is the default local optimizer (:mod:`commlab.algorithms.local_compensation`:
+formulas and sources).
 
 Usage (run config fragment)::
 

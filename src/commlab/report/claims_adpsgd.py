@@ -12,11 +12,14 @@ strongest dense baseline on each link. Comparisons with CPSGD are paired by seed
 (:mod:`commlab.report.paired`).
 
 The period claim reads the rule's decisions at the steps they were taken (``algo_sync_*``, one
-point per synchronisation, numbered as the steps are: the first step is 0): V, the target (absent
-while the rule calibrates), the rule's period and the period in force. A decay is placed at the
-first step whose learning rate dropped: inside the log window where the logged lr fell below half
-the previous point's, at the epoch boundary there (a step schedule decays between epochs; the lr
-logged at point c is step c - 1's).
+point per synchronisation, numbered as the steps are: the first step is 0): V, the rule's target
+(absent while the rule calibrates), the rule's own period and the period in force, and, apart
+from them, the budget's: whether it deferred the rule's synchronisation (``deferred``) and the
+target a deferral raised (``budget_target``). In runs that log no ``deferred`` (older ones) the
+``rule_period`` of a deferred decision is the budget's. A decay is placed at the first step whose
+learning rate dropped: inside the log window where the logged lr fell below half the previous
+point's, at the epoch boundary there (a step schedule decays between epochs; the lr logged at
+point c is step c - 1's).
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ from commlab.report.paired import difference, of_differences
 from commlab.report.rules import Better, Conditions, Reaches, Share, SpeedTrend, Unmeasurable
 from commlab.report.tables import by_seed, link_mbit, param, wide_history
 
-#: The rule's decisions, one point per synchronisation at its own step (absent from older runs).
-DECISIONS = ["algo_sync_variance", "algo_sync_target", "algo_sync_rule_period", "algo_sync_period"]
+#: The rule's decisions, one point per synchronisation at its own step (absent from older runs),
+#: and the budget's deferral of each (absent from runs logged before it was kept apart).
+DECISIONS = ["algo_sync_variance", "algo_sync_target", "algo_sync_rule_period", "algo_sync_period",
+             "algo_sync_deferred", "algo_sync_budget_target"]
 METRICS = ["train_loss", "test_accuracy", "lr", "bytes_sent", "reductions_global", "wall_seconds",
            "algo_period", "algo_rule_period", "algo_variance", "algo_target", "algo_retightens", "algo_last_sync",
            *DECISIONS]
@@ -318,7 +323,10 @@ def lr_drops(history: pd.DataFrame, run_id) -> list[int]:
 
 def decisions(history: pd.DataFrame, run_id) -> pd.DataFrame:
     """The rule's decisions of a run, one row per synchronisation at its step: ``variance`` (V),
-    ``target`` (NaN while the rule calibrates), ``rule_period`` and ``period`` (in force)."""
+    ``target`` (the rule's; NaN while it calibrates), ``rule_period`` (the rule's own),
+    ``period`` (in force), ``deferred`` (1 where the budget set the period in force above the
+    rule's; NaN where the run did not log it) and ``budget_target`` (the target a deferral raised,
+    else NaN)."""
     columns = ["step", *(key.removeprefix("algo_sync_") for key in DECISIONS)]
     mine = history[(history.run_id == run_id) & history.metric.isin(DECISIONS)]
     if mine.empty:
@@ -347,12 +355,13 @@ def rule_over_training(ev: Evidence) -> dict | None:
     after its calibration (decisions with a target), whether the rule's period lengthened from
     the first such decision to the last before the decay, and V at both; at the decay
     (:func:`lr_drops`), whether the first decision from it chose a shorter period than the last
-    one before it. None where no ADPSGD run logged its decisions."""
+    one before it; and how many of its decisions the budget deferred, where the run logged that.
+    None where no ADPSGD run logged its decisions."""
     runs, history = ev.table(loopback_runs), ev.history
     ad_runs = runs[runs.method == "adpsgd"] if not runs.empty else runs
     if ad_runs.empty or history.empty or not history.metric.isin(DECISIONS).any():
         return None
-    rows, flags, calibrating = [], [], 0
+    rows, flags, calibrating, unseparated = [], [], 0, 0
     for r in ad_runs.sort_values(["name", "seed"]).itertuples():
         made = decisions(history, r.run_id)
         if made.empty:
@@ -367,6 +376,10 @@ def rule_over_training(ev: Evidence) -> dict | None:
             cpsgd = _halves(cpsgd_sync_steps(int(r.budget_period), end), end)
             parts[0] += f" vs CPSGD p{int(r.budget_period)} {cpsgd[0]}/{cpsgd[1]}"
             flags += [ours[0] > cpsgd[0], ours[1] < cpsgd[1]]
+        if made.deferred.notna().any():
+            parts.append(f"the budget deferred {int((made.deferred > 0).sum())} of its {len(made)} decisions")
+        else:
+            unseparated += 1
         ruled = pre[pre.target.notna()]
         if len(ruled) >= 2:
             first, last = ruled.iloc[0], ruled.iloc[-1]
@@ -383,7 +396,10 @@ def rule_over_training(ev: Evidence) -> dict | None:
         rows.append(", ".join(parts))
     if not rows:
         return None
-    return {"rows": "; ".join(rows), "flags": flags, "premise": variance_premise(ev), "calibration": calibrating}
+    deferrals = (f"; {unseparated} of the runs logged no `deferred`: their rule's period at a deferral is the "
+                 "budget's" if unseparated else "")
+    return {"rows": "; ".join(rows), "flags": flags, "premise": variance_premise(ev), "calibration": calibrating,
+            "deferrals": deferrals}
 
 
 def variance_and_loss(ev: Evidence) -> dict | None:
@@ -439,7 +455,8 @@ CLAIMS = [
         paper="abstract (principle); our reconstruction of the rule",
         sources=(Source(rule_over_training, Share("flags"),
                         ours="{rows}",
-                        note="{why}. Judged on the rule's decisions at their steps (algo_sync_*): per run, more "
+                        note="{why}. Judged on the rule's decisions at their steps (algo_sync_*; its own period "
+                             "and target, apart from the budget's deferrals{deferrals}): per run, more "
                              "synchronisations than CPSGD at the budget's period in the first half of the phase "
                              "before the decay and fewer in the second (every synchronisation counts, the "
                              "calibration's too); after its calibration the rule's period lengthens as V's growth "

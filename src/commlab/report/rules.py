@@ -1,5 +1,5 @@
-"""The shared rules that turn a claim's measurement into a verdict (README, "How a verdict is reached";
-docs/claims.md gives each verdict's decision rule).
+"""The shared rules that turn a claim's measurement into a verdict (README, "Reading a report";
+docs/claims.md, "The verdicts" and "The rules", gives each verdict's decision rule).
 
 A paper's claims are declared as data (:mod:`commlab.report.claims`; one ``claims_<paper>.py``
 per paper): what a claim measures is paper-specific, how the measurement is judged is one of the
