@@ -118,7 +118,8 @@ def test_core_imports_only_core():
 #: layer and those below, never from one above (docs/architecture.md, "The layers"). A new package
 #: or top-level module takes its place here.
 LAYERS = (
-    ("commlab", "commlab.core", "commlab.registry", "commlab.options", "commlab.malloc", "commlab.provenance"),
+    ("commlab", "commlab.core", "commlab.registry", "commlab.options", "commlab.malloc", "commlab.provenance",
+     "commlab.timeline"),
     ("commlab.compress", "commlab.data", "commlab.models"),
     ("commlab.algorithms", "commlab.config", "commlab.grid"),
     ("commlab.tracking", "commlab.tracking_relay"),

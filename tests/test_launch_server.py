@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from commlab.launch.server import SERVER_ENV
+from commlab.launch.client import SERVER_ENV
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def test_a_served_launch_trains_and_logs_as_a_cold_one(tmp_path, server):
 
 
 def test_without_an_answering_server_the_launch_runs_itself(tmp_path, monkeypatch, capsys):
-    from commlab.launch.server import served_launch
+    from commlab.launch.client import served_launch
 
     monkeypatch.setenv(SERVER_ENV, str(tmp_path / "no-such-socket"))
     assert served_launch(["--config", "run.yaml"], {"start": 0.0, "main": 0.0}) is None

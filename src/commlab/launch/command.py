@@ -256,7 +256,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(argv: list[str], args: argparse.Namespace) -> int:
     """``commlab launch`` on ``argv`` (parsed as ``args``): in the warm launcher when one answers
     (:mod:`.server`), else in this process."""
-    from commlab.launch.server import served_launch
+    from commlab.launch.client import served_launch
 
     marks = {"start": timeline.process_start_time(), "main": time.time()}
     rc = served_launch(argv, marks)

@@ -35,94 +35,21 @@ SIGTERM (its children first), when its parent dies, or after ``--idle-exit-s`` w
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import threading
 import time
 from pathlib import Path
 
-SERVER_ENV = "COMMLAB_LAUNCH_SERVER"
+from commlab.launch.client import recv_message, send_message
+
 #: What a job's launcher and its workers import, once, before the server forks any of them.
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "torch.distributed.launcher.api",
            "commlab.loop.loop", "commlab.loop.worker", "commlab.algorithms", "commlab.models", "commlab.data",
            "commlab.launch.command", "commlab.tracking", "commlab.tracking_relay", "mlflow.tracking")
-_LENGTH = struct.Struct("!I")
-
-
-# ---------------------------------------------------------------------- framing
-def _send(sock: socket.socket, message: dict) -> None:
-    data = json.dumps(message).encode()
-    sock.sendall(_LENGTH.pack(len(data)) + data)
-
-
-def _recv(sock: socket.socket) -> dict | None:
-    """One message, or None when the peer closed the connection."""
-    head = _recv_exact(sock, _LENGTH.size)
-    if head is None:
-        return None
-    body = _recv_exact(sock, _LENGTH.unpack(head)[0])
-    return None if body is None else json.loads(body)
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
-    chunks, left = [], n
-    while left:
-        chunk = sock.recv(left)
-        if not chunk:
-            return None
-        chunks.append(chunk)
-        left -= len(chunk)
-    return b"".join(chunks)
-
-
-# ---------------------------------------------------------------------- client
-def served_launch(argv: list[str], marks: dict) -> int | None:
-    """Run ``commlab launch *argv`` in the warm launcher of ``COMMLAB_LAUNCH_SERVER``; its exit status,
-    or None when no server answered and nothing was started (the caller launches the job itself)."""
-    path = os.environ.get(SERVER_ENV)
-    if not path or os.environ.get("SLURM_JOB_ID") or not hasattr(socket, "send_fds"):
-        return None
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.connect(path)
-        socket.send_fds(sock, [b"j"], [0, 1, 2])
-        _send(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "marks": marks})
-        started = _recv(sock)
-    except OSError as err:
-        sock.close()
-        print(f"[commlab launch] the warm launcher at {path} does not answer ({err}); launching here",
-              file=sys.stderr, flush=True)
-        return None
-    if not started or "pid" not in started:
-        sock.close()
-        print(f"[commlab launch] the warm launcher at {path} closed before it started the job; launching here",
-              file=sys.stderr, flush=True)
-        return None
-    pid = started["pid"]
-
-    def forward(signum, frame):
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
-    try:
-        ended = _recv(sock)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        sock.close()
-    if not ended or "exit" not in ended:
-        print(f"[commlab launch] the warm launcher at {path} went away during the job (its launcher, pid {pid}, "
-              "was stopped); a launch again resumes from the last checkpoint", file=sys.stderr, flush=True)
-        return 1
-    return int(ended["exit"])
 
 
 # ---------------------------------------------------------------------- server
@@ -201,7 +128,7 @@ class LaunchServer:
         conn, _ = self.listener.accept()
         try:
             _, fds, _, _ = socket.recv_fds(conn, 1, 3)
-            request = _recv(conn)
+            request = recv_message(conn)
         except (OSError, ValueError) as err:
             print(f"[commlab serve] a malformed request ({err}); ignored", file=sys.stderr, flush=True)
             conn.close()
@@ -218,7 +145,7 @@ class LaunchServer:
             os.close(fd)
         job = self.jobs[pid] = _Job(pid, conn)
         try:
-            _send(conn, {"pid": pid})
+            send_message(conn, {"pid": pid})
         except OSError:
             job.client_gone = True
             _terminate(pid)
@@ -297,7 +224,7 @@ class LaunchServer:
         if not job.client_gone:
             self.selector.unregister(job.conn)
             try:
-                _send(job.conn, {"exit": code})
+                send_message(job.conn, {"exit": code})
             except OSError:
                 pass
         job.conn.close()
