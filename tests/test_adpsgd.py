@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from commlab.algorithms.adpsgd import ADPSGD, AdaptiveSchedule, drift_growth, rule_period
 from commlab.algorithms.averaging import average_and_probe
 from commlab.algorithms.base import parse_options
-from commlab.algorithms.cpsgd import CPSGD, cpsgd_syncs
+from commlab.algorithms.cpsgd import CPSGD
+from commlab.algorithms.periodic import constant_syncs
 from commlab.core import Communicator
 from commlab.core.communicator import ring_allreduce_cost
 from commlab.core.runtime import rank_generator
@@ -137,8 +138,8 @@ def test_cpsgd_matches_torch_periodic_averager_and_syncs_every_p_steps(ranks):
 
 
 def test_cpsgd_sync_count_helper():
-    assert cpsgd_syncs(4, 16) == 4 and cpsgd_syncs(4, 18) == 5 and cpsgd_syncs(4, 18, False) == 4
-    assert cpsgd_syncs(4, 16, sync_at_first_step=True) == 5  # 0, 4, 8, 12 and the final step
+    assert constant_syncs(4, 16) == 4 and constant_syncs(4, 18) == 5 and constant_syncs(4, 18, False) == 4
+    assert constant_syncs(4, 16, sync_at_first_step=True) == 5  # 0, 4, 8, 12 and the final step
 
 
 # ---- the ADPSGD rule, without processes ----------------------------------------------------------
@@ -314,7 +315,7 @@ def test_adpsgd_budget_never_exceeded_and_ends_averaged(borrow):
         for total in (37, 100, 240):
             o = _options(budget_period=budget_period, budget_borrow=borrow, final_average=True)
             s = AdaptiveSchedule(o, total)
-            budget = cpsgd_syncs(budget_period, total)
+            budget = constant_syncs(budget_period, total)
             lrs = lambda step, t=total: 0.1 if step < t // 2 else 0.01
             history = _drive(s, total, (rnd.choice([0.0, 0.5, 1.5, 9.0]) for _ in range(total)), lrs)
             assert len(history) <= budget
@@ -346,7 +347,7 @@ def test_adpsgd_period_sequence_is_deterministic_and_identical_on_ranks(ranks):
     for r in results[1:]:
         assert r[0][0] == first[0]  # every rank takes the same decisions
     history, reductions, last_metrics, state = first
-    assert reductions == len(history) <= cpsgd_syncs(3, steps)
+    assert reductions == len(history) <= constant_syncs(3, steps)
     assert history[-1][0] == steps - 1
     assert all(v > 0 and math.isfinite(v) for _, _, v in history)
     assert last_metrics["syncs"] == len(history) and last_metrics["variance"] == history[-1][2]

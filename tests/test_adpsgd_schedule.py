@@ -23,7 +23,7 @@ import yaml
 from commlab.algorithms import adpsgd
 from commlab.algorithms.adpsgd import ADPSGD, AdaptiveSchedule, drift_growth
 from commlab.algorithms.base import parse_options
-from commlab.algorithms.cpsgd import cpsgd_syncs
+from commlab.algorithms.periodic import constant_syncs
 from commlab.grid import load_grid_file, resolve_grid
 from commlab.loop.optim import lr_at
 
@@ -127,7 +127,7 @@ def test_the_rule_decides_at_every_grid_setting(name, plan):
     for schedule in (falling, rising):
         calibrated = [d[0] for d in schedule.decisions if not math.isnan(d[3])]
         assert calibrated and calibrated[0] < decay / 3, "the calibration completes well before the decay"
-        assert len(schedule.history) <= cpsgd_syncs(plan["options"].budget_period, plan["total"])
+        assert len(schedule.history) <= constant_syncs(plan["options"].budget_period, plan["total"])
         assert schedule.history[-1][0] == plan["total"] - 1
     steps = {label: [d[0] for d in _before(s, decay)] for label, s in (("falling", falling), ("rising", rising))}
     assert steps["falling"] != steps["rising"], "the synchronisations follow V, not only the budget"

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from commlab.algorithms.cpsgd import cpsgd_syncs
+from commlab.algorithms.periodic import constant_syncs
 from commlab.core.runtime import rank_generator
 from commlab.grid import resolve_grid
 from commlab.loop.optim import lr_at
@@ -114,7 +114,7 @@ def test_the_spread_of_the_gradients_decides_the_synchronisations(ranks):
     before = {name: [s for s in steps if s < decay] for name, steps in (("falling", falling), ("growing", growing))}
     assert before["falling"] != before["growing"]
     assert len(before["falling"]) < len(before["growing"])  # a falling spread needs fewer
-    budget = cpsgd_syncs(RUN["params"]["budget_period"], RUN["total"])
+    budget = constant_syncs(RUN["params"]["budget_period"], RUN["total"])
     assert len(falling) <= budget and len(growing) <= budget
     # Before the decay, after its calibration, the rule lengthens the period each decision starts
     # from (or holds it) under the falling spread and shortens it (or holds it) under the growing

@@ -221,3 +221,33 @@ def test_production_code_never_imports_the_test_kit():
     found = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if not _inside(m, "commlab.testing")
                    for t in targets if _inside(t, "commlab.testing"))
     assert found == []
+
+
+def registered_method_modules() -> set[str]:
+    """The modules of ``commlab.algorithms`` named after the method they register
+    (``@ALGORITHMS.register("name")`` on a class of ``name.py``), read from the source."""
+    found = set()
+    for name, path in MODULES.items():
+        if not _inside(name, "commlab.algorithms"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            for decorator in getattr(node, "decorator_list", []):
+                if (isinstance(decorator, ast.Call) and isinstance(decorator.func, ast.Attribute)
+                        and decorator.func.attr == "register" and isinstance(decorator.func.value, ast.Name)
+                        and decorator.func.value.id == "ALGORITHMS" and decorator.args
+                        and isinstance(decorator.args[0], ast.Constant) and decorator.args[0].value == path.stem):
+                    found.add(name)
+    return found
+
+
+def test_no_method_module_imports_another_method_module():
+    # Shared code lives in shared modules (periodic, outer, ...); a method's file is its own, so
+    # one method built on another's module would change when that one changes.
+    from commlab.registry import ALGORITHMS
+
+    methods = registered_method_modules()
+    # the source says what the registry says (no method registered out of the checker's sight)
+    assert methods == {f"commlab.algorithms.{name}" for name in ALGORITHMS.package_names()}
+    found = sorted(f"{m} imports {t}" for m, targets in GRAPH.items() if _inside(m, "commlab.algorithms")
+                   for t in targets if t in methods)
+    assert found == []

@@ -11,7 +11,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import bf16_compress_hook, fp16_compress_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from commlab.algorithms.ddp import NO_FORWARD_BUFFER_SYNC
+from commlab.algorithms.ddp_wrapper import NO_FORWARD_BUFFER_SYNC
 from commlab.testing import drive, run_distributed
 from test_diloco import flat, gathered
 

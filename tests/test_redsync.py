@@ -10,7 +10,8 @@ from torch import nn
 
 from commlab.algorithms.base import parse_options
 from commlab.algorithms.dgc import DGC
-from commlab.algorithms.redsync import RedSync, warmup_density
+from commlab.algorithms.momentum_correction import warmup_density
+from commlab.algorithms.redsync import RedSync
 from commlab.config import DEFAULTS, load_config
 from commlab.loop.optim import optimizer_settings
 from commlab.testing import drive, run_distributed

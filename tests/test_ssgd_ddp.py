@@ -71,7 +71,7 @@ def _in_bucket(t: torch.Tensor, flat: torch.Tensor) -> bool:
 
 
 def _overlapped(rank, world, method, unused):
-    from commlab.algorithms.ssgd import allreduce_gradients
+    from commlab.algorithms.dense_allreduce import allreduce_gradients
     from commlab.algorithms.tensors import grad_buckets
     from commlab.core import CommStats, Communicator
     from commlab.testing import drive

@@ -100,11 +100,12 @@ def _toy(rank, world, options):
         if point == "done":
             trace["bytes"].append(driven.comm.stats.counters["bytes_sent"])
             flight = driven.algo.in_flight
+            exchange = None if flight is None else flight.exchange
             trace["in_flight"].append(None if flight is None else
-                                      (flight.fragment.index, flight.apply_step,
-                                       all(m.pending is not None for m in flight.messages)))
+                                      (exchange.fragment.index, flight.apply_step,
+                                       all(m.pending is not None for m in exchange.messages)))
             if flight is not None and flight.apply_step == info.step + options["delay"]:  # launched now
-                fragment = flight.fragment
+                fragment = exchange.fragment
                 trace["sent"].append(gathered(flat(fragment.anchors) - flat(fragment.params)))
 
     def before_outer(optimizer, args, kwargs):

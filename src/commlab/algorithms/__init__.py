@@ -1,6 +1,8 @@
 """Methods, one module each, named after the method, found by name through
 :data:`commlab.registry.ALGORITHMS`; shared machinery lives in modules named for what it is
-(``periodic``, ``averaging``, ``sparse_common``, ``compressed_ddp``, ``tensors``)."""
+(``periodic``, ``averaging``, ``kstep_common``, ``outer``, ``dense_allreduce``, ``ddp_wrapper``,
+``compressed_ddp``, ``sparse_common``, ``momentum_correction``, ``delayed``, ``tensors``), never in
+another method's module."""
 
 from commlab.algorithms.base import (
     Algorithm,

@@ -101,8 +101,7 @@ import math
 from dataclasses import dataclass
 
 from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
-from commlab.algorithms.cpsgd import cpsgd_syncs
-from commlab.algorithms.periodic import FamilyOptions, Schedule, VarianceAveraging
+from commlab.algorithms.periodic import FamilyOptions, Schedule, VarianceAveraging, constant_syncs
 from commlab.registry import ALGORITHMS
 
 TARGETS = ("calibrate", "lr2")
@@ -176,7 +175,7 @@ class AdaptiveSchedule(Schedule):
         self.options, self.total_steps = options, total_steps
         self.budget = options.budget_syncs
         if options.budget_period is not None:
-            self.budget = cpsgd_syncs(options.budget_period, total_steps, options.final_average)
+            self.budget = constant_syncs(options.budget_period, total_steps, options.final_average)
         initial = options.initial_period if options.initial_period is not None else self._default_initial_period()
         super().__init__(initial)
         self.momentum, self.velocity_kept = momentum, velocity_kept

@@ -1,6 +1,7 @@
 """DistributedDataParallel whose gradient buckets travel in a narrower float dtype: the machinery
 of ``ddp_bf16`` and ``ddp_fp16`` (:mod:`commlab.algorithms.ddp_bf16`, :mod:`commlab.algorithms.ddp_fp16`),
-the strongest dense baselines (DDP's buckets and overlap with backward, half the bytes).
+the strongest dense baselines (DDP's buckets and overlap with backward, half the bytes; the
+wrapper is :mod:`commlab.algorithms.ddp_wrapper`'s, as ``ddp``'s).
 
 A communication hook does what torch's ``bf16_compress_hook`` / ``fp16_compress_hook`` do
 (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``), bucket by bucket::
@@ -25,10 +26,10 @@ from typing import ClassVar
 import torch
 
 from commlab.algorithms.base import StepInfo
-from commlab.algorithms.ddp import DDP
+from commlab.algorithms.ddp_wrapper import WrappedDDP
 
 
-class CompressedDDP(DDP):
+class CompressedDDP(WrappedDDP):
     """DDP whose buckets are allreduced in ``wire_dtype`` through the Communicator (the module
     docstring has the arithmetic).
 

@@ -42,13 +42,6 @@ from commlab.algorithms.periodic import FamilyOptions, FixedSchedule, VarianceAv
 from commlab.registry import ALGORITHMS
 
 
-def cpsgd_syncs(period: int, total_steps: int, final_average: bool = True,
-                sync_at_first_step: bool = False) -> int:
-    """How many synchronisations CPSGD at ``period`` makes in ``total_steps`` steps (ADPSGD's budget)."""
-    schedule = constant_schedule(period, total_steps, final_average, sync_at_first_step)
-    return sum(schedule.due(s) == "global" for s in range(total_steps))
-
-
 @ALGORITHMS.register("cpsgd")
 class CPSGD(VarianceAveraging):
     """Constant-period parameter averaging (plain K-step model averaging) that measures V."""

@@ -5,10 +5,11 @@ Deep Gradient Compression (Lin et al., ICLR 2018) as RedSync builds on it: momen
 residual accumulation, momentum factor masking, local gradient clipping and density warm-up,
 with an **exact top-k** (``torch.topk``) on every compressed layer, whatever its size. Everything
 else (the variable-length allgather with integer indices, scatter-add / P, dense tiny layers,
-plain SGD step, Nesterov as ``v += m*u + g``) is :class:`~commlab.algorithms.redsync.RedSync`'s
-code, so a ``redsync`` vs ``dgc`` comparison differs only in how the k entries are found:
-selection time (``selection_seconds``, ``algo_select_ms_*``) and the binary search's count
-(between k/2 and 2k instead of exactly k).
+plain SGD step, Nesterov as ``v += m*u + g``) is the code RedSync runs
+(:class:`~commlab.algorithms.momentum_correction.MomentumCorrectedCompression`), so a ``redsync``
+vs ``dgc`` comparison differs only in how the k entries are found: selection time
+(``selection_seconds``, ``algo_select_ms_*``) and the binary search's count (between k/2 and 2k
+instead of exactly k).
 
 Launch::
 
@@ -19,13 +20,13 @@ Launch::
 from __future__ import annotations
 
 from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
-from commlab.algorithms.redsync import CompressionOptions, RedSync
+from commlab.algorithms.momentum_correction import CompressionOptions, MomentumCorrectedCompression
 from commlab.registry import ALGORITHMS
 
 
 @ALGORITHMS.register("dgc")
-class DGC(RedSync):
-    """RedSync with exact top-k on every compressed layer and no quantised variant."""
+class DGC(MomentumCorrectedCompression):
+    """RedSync's machinery with exact top-k on every compressed layer and no quantised variant."""
 
     comm_pattern = "allgather"  # the cost model's formula (commlab.bench.costmodel.PATTERNS)
     family = "sparse"
@@ -37,7 +38,3 @@ class DGC(RedSync):
 
     def selector_for(self, n: int) -> str | None:
         return None if n <= self.options.dense_at_most else "exact_topk"
-
-    @property
-    def quantized(self) -> bool:
-        return False

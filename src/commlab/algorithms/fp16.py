@@ -1,10 +1,10 @@
 """fp16: dense synchronous SGD with float16 on the wire, a baseline of the ADPSGD comparison
 (Jiang & Agrawal, arXiv 2007.06134).
 
-The dense allreduce of SSGD (:mod:`commlab.algorithms.ssgd`: bucketed and started during
-backward, the same buckets and options) with the gradient pre-divided by P (as torch's
-fp16_compress_hook does, so the fp16 sum stays in range) and cast to float16 on the wire: half
-the bytes of the float32 allreduce. DDP with torch's own hook is ``ddp_fp16``
+The dense allreduce of SSGD (:mod:`commlab.algorithms.dense_allreduce`, which ``ssgd`` runs:
+bucketed and started during backward, the same buckets and options) with the gradient
+pre-divided by P (as torch's fp16_compress_hook does, so the fp16 sum stays in range) and cast to
+float16 on the wire: half the bytes of the float32 allreduce. DDP with torch's own hook is ``ddp_fp16``
 (:mod:`commlab.algorithms.ddp_fp16`).
 
 Invariants: one step is one global reduction; every rank receives the same float16 sum and
@@ -16,13 +16,13 @@ from __future__ import annotations
 import torch
 
 from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
-from commlab.algorithms.ssgd import SynchronousSGD
+from commlab.algorithms.dense_allreduce import BucketedAllreduce
 from commlab.compress.quantize import from_fp16, to_fp16
 from commlab.registry import ALGORITHMS
 
 
 @ALGORITHMS.register("fp16")
-class FP16(SynchronousSGD):
+class FP16(BucketedAllreduce):
     """SSGD's bucketed allreduce, overlapped with backward the same way (same buckets and options),
     of the gradient pre-divided by P and cast to float16."""
 

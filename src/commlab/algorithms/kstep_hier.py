@@ -1,13 +1,15 @@
 """Hierarchical K-step averaging: local reductions inside groups of workers between global ones
 (Cong, Yang & Zhou, "Reducing global reductions in large-scale distributed training", ICPP 2019
-Workshops; :mod:`commlab.algorithms.kstep` holds the reading of the paper both methods share).
+Workshops; :mod:`commlab.algorithms.kstep_common` holds the reading of the paper it shares with
+``kstep``).
 
 Workers form consecutive groups of ``group_size`` (one group per node by default); every
 ``local_period`` steps (the paper's K_l) the model is averaged inside the group (a local
 reduction), every ``period = H * local_period`` steps (K_g) over the world (a global reduction,
 which replaces the local one due at the same step, as torch's HierarchicalModelAverager does).
-Everything else is ``kstep``'s: the options (block momentum, warm-up, phase, policies,
-evaluation), the fixed schedule and the family (:mod:`commlab.algorithms.periodic`);
+Everything else is shared with ``kstep`` (:mod:`commlab.algorithms.kstep_common`): the options
+(block momentum, warm-up, phase, policies, evaluation), the fixed schedule and the family
+(:mod:`commlab.algorithms.periodic`);
 ``k_local`` and ``k_global`` are aliases of ``local_period`` and ``period``.
 
 * Reduction momentum acts on global reductions only; local reductions are plain averages.
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from commlab.algorithms.base import QuickRun, ResumeState, SyncBudget
-from commlab.algorithms.kstep import AveragingOptions, KStepFamily
+from commlab.algorithms.kstep_common import AveragingOptions, KStepFamily
 from commlab.core.communicator import Communicator
 from commlab.core.runtime import node_groups
 from commlab.options import Alias

@@ -49,7 +49,7 @@ from commlab.algorithms.averaging import (
     sync_tensors,
 )
 from commlab.algorithms.base import Algorithm, StepInfo
-from commlab.algorithms.ssgd import allreduce_gradients
+from commlab.algorithms.dense_allreduce import allreduce_gradients
 from commlab.algorithms.tensors import grad_buckets
 from commlab.core.communicator import Communicator
 from commlab.options import Alias
@@ -161,6 +161,14 @@ def constant_schedule(period: int, total_steps: int, final_average: bool = True,
     """One constant period (CPSGD's schedule): a global reduction after steps p-1, 2p-1, ... (or
     0, p, 2p, ... with ``sync_at_first_step``), and after the last step with ``final_average``."""
     return FixedSchedule(period, period, total_steps, 0, "first" if sync_at_first_step else "last", final_average)
+
+
+def constant_syncs(period: int, total_steps: int, final_average: bool = True,
+                   sync_at_first_step: bool = False) -> int:
+    """How many global reductions :func:`constant_schedule` makes in ``total_steps`` steps: CPSGD's
+    count at ``period``, ADPSGD's budget."""
+    schedule = constant_schedule(period, total_steps, final_average, sync_at_first_step)
+    return sum(schedule.due(s) == "global" for s in range(total_steps))
 
 
 class PeriodicAveraging(Algorithm):

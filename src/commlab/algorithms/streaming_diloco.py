@@ -7,10 +7,11 @@ The model's layers (each module holding parameters of its own, with its floating
 buffers of a module without parameters go with the layer before it) are split into F =
 ``fragments`` fragments: ``strided`` (layer j in fragment j mod F, the paper's choice) or
 ``sequential`` (contiguous runs of layers, the largest run as small as possible). Each fragment
-gets DiLoCo's outer step (:mod:`commlab.algorithms.diloco`: the same outer optimizer, policies and
-anchor) every H = ``period`` inner steps, fragment f offset by f * H / F. With h = H / F and k =
-0, 1, ..., fragment f's allreduce starts after step ``(f + 1) h - 1 - tau + k H`` (0-based) and
-its outer step comes after step ``(f + 1) h - 1 + k H``, tau = ``delay`` steps later::
+gets DiLoCo's outer step (:mod:`commlab.algorithms.outer`, which :mod:`commlab.algorithms.diloco`
+shares: the same outer optimizer, policies and anchor) every H = ``period`` inner steps, fragment
+f offset by f * H / F. With h = H / F and k = 0, 1, ..., fragment f's allreduce starts after step
+``(f + 1) h - 1 - tau + k H`` (0-based) and its outer step comes after step ``(f + 1) h - 1 + k H``,
+tau = ``delay`` steps later::
 
     launch (step t - tau):  d_f = theta_f - x_f               # cast to outer_precision (fp32 | bf16)
                             allreduce(d_f) started            # comm.all_reduce_async: overlaps tau steps
@@ -42,6 +43,12 @@ alpha = 0 is DiLoCo, bit for bit.
 Checkpoints: a fragment in flight is waited for and its summed messages saved with its step; a
 resumed run applies them at that step, as the uninterrupted run does.
 
+torchft's ``DiLoCo`` over F model fragments computes what ``fragment_pattern: sequential``
+(fragments of consecutive layers, as its examples pass them), ``outer_precision: fp32``,
+``buffers: keep_local`` and ``final_average: false`` compute here, with its ``sync_every``,
+``fragment_sync_delay`` and ``fragment_update_alpha`` as ``period``, ``delay`` and ``alpha``
+(whose defaults there are 0 and 0): docs/diloco.md, "torchft's configuration".
+
 Launch (4 CPU workers, 4 fragments, an outer step of each fragment every 100 steps)::
 
     torchrun --standalone --nproc-per-node 4 -m commlab train --config run.yaml method=streaming_diloco \\
@@ -58,7 +65,7 @@ import torch
 from torch import nn
 
 from commlab.algorithms.base import QuickRun, ResumeState, StepInfo, SyncBudget
-from commlab.algorithms.diloco import DiLoCo, DiLoCoOptions, Exchange, Fragment, OuterSync
+from commlab.algorithms.outer import Exchange, Fragment, Message, OuterOptions, OuterStepAveraging, OuterSync
 from commlab.options import Alias
 from commlab.registry import ALGORITHMS
 
@@ -113,8 +120,36 @@ def partition(sizes: list[int], count: int, pattern: str) -> list[list[int]]:
     return runs[::-1]
 
 
+@dataclass
+class InFlight:
+    """A fragment's outer step on its way: launched ``delay`` steps before ``apply_step``."""
+
+    exchange: Exchange
+    apply_step: int
+
+    def state(self) -> dict:
+        """As a checkpoint holds it: the summed messages (waited for) and when they apply."""
+        exchange = self.exchange
+        OuterSync.complete(exchange)
+        return {"fragment": exchange.fragment.index, "apply_step": self.apply_step,
+                "bytes_sent": exchange.bytes_sent,
+                "messages": [(message.flat.clone(), message.grad_numel) for message in exchange.messages]}
+
+    @classmethod
+    def restore(cls, sync: OuterSync, fragment: Fragment, state: dict) -> InFlight:
+        """The outer step a checkpoint holds, its targets taken again from the live tensors (the
+        loop loads the inner optimizer's state before the method's)."""
+        by_dtype = sync.averaged_by_dtype(fragment)
+        saved = state["messages"]
+        device = fragment.anchors[0].device
+        first_flat, grad_numel = saved[0]
+        messages = [Message(first_flat.to(device), grad_numel, by_dtype.pop(first_flat.dtype, []))]
+        messages += [Message(flat.to(device), 0, by_dtype.pop(flat.dtype)) for flat, _ in saved[1:]]
+        return cls(Exchange(fragment, messages, state["bytes_sent"]), state["apply_step"])
+
+
 @ALGORITHMS.register("streaming_diloco")
-class StreamingDiLoCo(DiLoCo):
+class StreamingDiLoCo(OuterStepAveraging):
     """DiLoCo one fragment at a time: fragment f's outer step every H steps, offset by f H / F,
     its allreduce started ``delay`` steps before, the result mixed by ``alpha`` (formulas and
     invariants: the module docstring).
@@ -133,11 +168,11 @@ class StreamingDiLoCo(DiLoCo):
     resume = ResumeState("DiLoCo's anchor and outer optimizer, the fragment allreduce in flight, bytes per fragment")
 
     @dataclass
-    class Options(DiLoCoOptions):
+    class Options(OuterOptions):
         """Streaming DiLoCo's options (and DiLoCo's); torchft's names are aliases:
         ``fragment_sync_delay`` for ``delay``, ``fragment_update_alpha`` for ``alpha``."""
 
-        ALIASES: ClassVar[dict[str, Alias]] = {**DiLoCoOptions.ALIASES, "fragment_sync_delay": Alias("delay"),
+        ALIASES: ClassVar[dict[str, Alias]] = {**OuterOptions.ALIASES, "fragment_sync_delay": Alias("delay"),
                                                "fragment_update_alpha": Alias("alpha")}
 
         period: int = 100  # inner steps between two outer steps of a fragment, H (a multiple of fragments)
@@ -180,8 +215,9 @@ class StreamingDiLoCo(DiLoCo):
         return fragments
 
     def setup(self) -> None:
-        super().setup()
-        self.in_flight: Exchange | None = None
+        super().setup()  # the anchor copy, the outer optimizer over it
+        self.fragments = self.make_fragments()
+        self.in_flight: InFlight | None = None
         self.fragment_bytes = [0] * len(self.fragments)
 
     # ---- the schedule -------------------------------------------------------------------------
@@ -204,23 +240,23 @@ class StreamingDiLoCo(DiLoCo):
         starting = self._fragment_ending(step + options.delay)
         if starting is not None and step + options.delay < self.ctx.total_steps:
             with self.comm.reduction():
-                self.in_flight = self._launch(self.fragments[starting], step + options.delay,
-                                              blocking=options.delay == 0)
+                exchange = self._launch(self.fragments[starting], blocking=options.delay == 0)
+            self.in_flight = InFlight(exchange, step + options.delay)
         applied = None
         if self.in_flight is not None and self.in_flight.apply_step == step:
-            exchange, self.in_flight = self.in_flight, None
+            exchange, self.in_flight = self.in_flight.exchange, None
             applied = exchange.fragment.index
             self._apply(exchange, 0.0 if last and options.final_average else options.alpha, info)
         if last and options.final_average:
             rest = [fragment for fragment in self.fragments if fragment.index != applied]
             if rest:
                 with self.comm.reduction():
-                    exchanges = [self._launch(fragment, step, blocking=True) for fragment in rest]
+                    exchanges = [self._launch(fragment, blocking=True) for fragment in rest]
                 for exchange in exchanges:
                     self._apply(exchange, 0.0, info)
 
-    def _launch(self, fragment: Fragment, apply_step: int, blocking: bool) -> Exchange:
-        exchange = self.sync.launch(fragment, apply_step, blocking)
+    def _launch(self, fragment: Fragment, blocking: bool) -> Exchange:
+        exchange = self.sync.launch(fragment, blocking)
         self.fragment_bytes[fragment.index] += exchange.bytes_sent
         return exchange
 
@@ -232,7 +268,7 @@ class StreamingDiLoCo(DiLoCo):
         """Nothing is in flight after the last step (no fragment is launched past it); a run
         stopped early applies what it started."""
         if self.in_flight is not None:
-            self.sync.apply(self.in_flight, self.options.alpha)
+            self.sync.apply(self.in_flight.exchange, self.options.alpha)
             self.in_flight = None
 
     # ---- metrics, params, checkpoints ---------------------------------------------------------
@@ -247,13 +283,13 @@ class StreamingDiLoCo(DiLoCo):
                 **{f"fragment.{fragment.index}.numel": fragment.numel for fragment in self.fragments}}
 
     def state_dict(self) -> dict:
-        exchange = self.in_flight
+        flight = self.in_flight
         return {**super().state_dict(), "fragment_bytes": list(self.fragment_bytes),
-                "in_flight": None if exchange is None else OuterSync.exchange_state(exchange)}
+                "in_flight": None if flight is None else flight.state()}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.fragment_bytes = list(state.get("fragment_bytes", self.fragment_bytes))
         saved = state.get("in_flight")
-        self.in_flight = None if saved is None else self.sync.restore_exchange(self.fragments[saved["fragment"]],
-                                                                               saved)
+        self.in_flight = None if saved is None else InFlight.restore(self.sync, self.fragments[saved["fragment"]],
+                                                                     saved)
