@@ -166,7 +166,7 @@ def _budget_line_alone(plan: dict) -> list[int]:
     last one, but no sooner than the step at which the progress (step + 1) / T reaches
     (k / B' - b) / (1 - b)."""
     options, total = plan["options"], plan["total"]
-    line = cpsgd_syncs(options.budget_period, total) - 1
+    line = constant_syncs(options.budget_period, total) - 1
     initial = options.budget_period // 2
     steps = []
     for k in range(1, line + 1):
