@@ -9,14 +9,23 @@ Per step, after ``warmup_steps`` dense steps, every rank holds acc = g + eps (ep
 3. **Split and reduce**: rank j receives every rank's selected pairs of region j and sums them
    (:func:`commlab.core.sparse.split_and_reduce`, destinations rotated).
 4. **Global selection**: the reduced entries above a global threshold, about the top-k of the
-   sum; every rank allgathers them (balanced first when needed).
+   reduced sum (the ranks' selected entries summed, not their whole accumulations); every rank
+   allgathers them (balanced first when needed).
 5. The update is the kept sums divided by P; eps becomes acc with the entries this rank sent
    *and* that were kept set to zero (:mod:`commlab.algorithms.sparse_common`).
 
 Invariant: with exact thresholds every step (``local_recompute_every`` =
-``global_recompute_every`` = 1) both controls below apply the paper's update, the top-k of the
-sum over ranks of every rank's top-k of |acc|, divided by P (tests/test_oktopk_reference.py;
-the bounded control less what a trim leaves out, below).
+``global_recompute_every`` = 1) both controls below apply the paper's update: the global top-k of
+the sum over ranks of every rank's local top-k selection of its acc, divided by P
+(tests/test_oktopk_reference.py; the bounded control less what a trim leaves out, below). That
+is not the top-k of the summed accumulations sum_r acc_r: an entry just outside every rank's
+local top-k is never summed, however large its sum, so the two agree only at P = 1 (the test
+pins a case where they differ). The release defines it so
+(Shigangli/Ok-Topk, ``LSTM/allreducer.py``, ``AllReducer.run``, the ``oktopk`` branch): each
+rank sends only its entries above the local threshold (``compressbythreshold`` per region),
+the split-and-reduce sums those, and the tau' step keeps the top-k of the reduced values
+(``k2globalthreshold``); the top-k of the dense sum appears there only as a profiling
+comparison (``settings.PROFILING_NORM``).
 
 **Threshold control** (``threshold_control``):
 
