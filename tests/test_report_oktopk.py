@@ -16,8 +16,8 @@ SELECTION = "Threshold reuse makes selection cheaper than exact top-k"
 THROUGHPUT = ("3.29-12.95x training throughput over dense and the best sparse allreduces, growing with P and as "
               "bandwidth falls")
 ACCURACY = "oktopk: test accuracy within about a point of dense allreduce"
-APPLIED = ("Ok-Topk's update applies about k entries per step (the top-k of the summed accumulations, approximated by "
-           "a reused global threshold)")
+APPLIED = ("Ok-Topk's update applies about k entries per step (the global top-k of the summed local top-k "
+           "selections, approximated by a reused global threshold)")
 BOUNDED = ("[consistency check] The bounded threshold control applies about k entries per step (within 10% of k on "
            "average)")
 

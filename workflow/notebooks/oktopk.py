@@ -78,8 +78,9 @@ if not acc_runs.empty:
 # ## Entries applied per step against k
 # Ok-Topk's update applies the entries kept by the global selection: `algo_global_selected`, the
 # mean per sparse step over each log window (rank 0; every rank applies the same update), over
-# `algo_k`. The paper applies the top-k of the summed accumulations, so 1 is the target. The
-# bounded control keeps exactly k on every exact (tau') step and otherwise reuses its threshold
+# `algo_k`. The paper applies the global top-k of the summed local top-k selections, so 1 is the
+# target. The bounded control keeps exactly k on every exact (tau') step (less `algo_trimmed`, the
+# entries of a region too full for the allgather's budget) and otherwise reuses its threshold
 # while the total stays in [3k/4, 5k/4], recomputing it to within k/16 of k when it leaves; the
 # release nudges its thresholds by about 1% a step when the count leaves the same band. Each
 # control where it ran (mean over seeds, band: one s.d.), with the band and k. The table gives

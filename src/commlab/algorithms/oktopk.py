@@ -9,13 +9,23 @@ Per step, after ``warmup_steps`` dense steps, every rank holds acc = g + eps (ep
 3. **Split and reduce**: rank j receives every rank's selected pairs of region j and sums them
    (:func:`commlab.core.sparse.split_and_reduce`, destinations rotated).
 4. **Global selection**: the reduced entries above a global threshold, about the top-k of the
-   sum; every rank allgathers them (balanced first when needed).
+   reduced sum (the ranks' selected entries summed, not their whole accumulations); every rank
+   allgathers them (balanced first when needed).
 5. The update is the kept sums divided by P; eps becomes acc with the entries this rank sent
    *and* that were kept set to zero (:mod:`commlab.algorithms.sparse_common`).
 
 Invariant: with exact thresholds every step (``local_recompute_every`` =
-``global_recompute_every`` = 1) both controls below apply the paper's update, the top-k of the
-sum over ranks of every rank's top-k of |acc|, divided by P (tests/test_oktopk_reference.py).
+``global_recompute_every`` = 1) both controls below apply the paper's update: the global top-k of
+the sum over ranks of every rank's local top-k selection of its acc, divided by P
+(tests/test_oktopk_reference.py; the bounded control less what a trim leaves out, below). That
+is not the top-k of the summed accumulations sum_r acc_r: an entry just outside every rank's
+local top-k is never summed, however large its sum, so the two agree only at P = 1 (the test
+pins a case where they differ). The release defines it so
+(Shigangli/Ok-Topk, ``LSTM/allreducer.py``, ``AllReducer.run``, the ``oktopk`` branch): each
+rank sends only its entries above the local threshold (``compressbythreshold`` per region),
+the split-and-reduce sums those, and the tau' step keeps the top-k of the reduced values
+(``k2globalthreshold``); the top-k of the dense sum appears there only as a profiling
+comparison (``settings.PROFILING_NORM``).
 
 **Threshold control** (``threshold_control``):
 
@@ -36,21 +46,29 @@ sum over ranks of every rank's top-k of |acc|, divided by P (tests/test_oktopk_r
     has sent in the step, and its histogram around the threshold (:func:`window_bins` slices:
     :class:`~commlab.compress.bounded.Window`);
   - global: the reused threshold stays while the kept total lies in [``band_lower``·k,
-    min(``band_upper``·k, K)], K the largest total whose allgather fits the budget. Otherwise,
-    and every tau' steps, it is recomputed without moving values: the exact top-k when due,
-    else a total within k/16 of k, both at most K. An edge of the table's histograms answers
-    when its count fits; else a radix search on the values' bit patterns
-    (:func:`~commlab.compress.bounded.threshold_search`) gets what the allgather's bound leaves
-    and, should that run out first, ends under the cap (``threshold_cuts``);
+    min(``band_upper``·k, K)], K the largest total whose allgather reserve
+    (:func:`allgather_reserve`: 2P·ceil(K/P), every rank's share to the others and one share
+    of surplus) fits the budget. Otherwise, and every tau' steps, it is recomputed without
+    moving values (:func:`search_band`): the exact top-k when due, else a total within k/16 of
+    k, both at most K. An edge of the table's histograms answers when its count fits; else a
+    radix search on the values' bit patterns (:func:`~commlab.compress.bounded.threshold_search`)
+    gets what the reserve leaves and, should that run out first, ends under the cap
+    (``threshold_cuts``);
   - allgather: a plain allgatherv while it keeps the busiest rank under the budget
     (``balance_when: over_budget``) or costs less than balancing, else balanced first (surplus
-    and equal slices: at most 4K(P-1)/P + 2P elements). Every rank knows every count: all
-    choose alike.
+    and equal slices, :func:`allgather_costs`). Every rank knows every count: all choose alike.
+    Where the cheaper way does not fit what is left (one rank's region holds far more than its
+    share), every count is first capped at the largest M for which it does
+    (:func:`trim_counts`, M >= ceil(K/P)): the kept total is sum_r min(c_r, M), an over-full
+    rank keeping its M largest, and the rest stays in the residuals (``trimmed``).
 
-  Hence V <= 2k + 4K(P-1)/P + O(P) < 6k at every step. The cap K, and the exact top-k, reach k
-  while the slack 6k/P left by the paper's 6k(P-1)/P pays the count exchanges, the table and a
-  search; at small k against P the cap falls below k and the entries left out stay in the
-  residuals.
+  Hence every phase is paid from what the ones before left of the budget: V < 6k at every step,
+  whatever the data, the count exchanges, the table and a search included. The worst case of
+  an allgather of K entries held by one rank, 4K(P-1)/P + 2P, is not reserved: reserved, it
+  would hold the kept total below k wherever the slack 6k/P left by the paper's 6k(P-1)/P does
+  not pay the count exchanges, the table and a search (k = 800 at P = 32). K reaches k while
+  2P·ceil(k/P) fits what the split, the table, the count gather and one round leave; only
+  where a region holds more than M of the kept entries does a step keep fewer.
 
 Where we depart from the release, on purpose: indices travel in integer tensors (the release
 packs int32 indices into float32 messages, wrong above 2^24) and nothing is staged through host
@@ -65,10 +83,10 @@ answers adds nothing, a search one collective and one read per round and one for
 
 Metrics (``algo_<key>``, means per sparse step): ``local_selected``, ``region_reduced``,
 ``global_selected`` (entries applied), ``exact_global_steps``, ``global_recomputes``,
-``window_answers``, ``threshold_cuts``, ``recompute_steps`` (a threshold recomputed or regions
-re-split); ``local_recomputes`` (cumulative), the current ``local_threshold`` and
-``global_threshold``; volumes as in :mod:`commlab.algorithms.sparse_common`
-(``volume_over_k``, ``step_volume_over_k_max``).
+``window_answers``, ``threshold_cuts``, ``trimmed`` (entries the allgather's fit left out),
+``recompute_steps`` (a threshold recomputed or regions re-split); ``local_recomputes``
+(cumulative), the current ``local_threshold`` and ``global_threshold``; volumes as in
+:mod:`commlab.algorithms.sparse_common` (``volume_over_k``, ``step_volume_over_k_max``).
 """
 
 from __future__ import annotations
@@ -109,6 +127,56 @@ from commlab.registry import ALGORITHMS
 CONTROLS = ("bounded", "release")
 BALANCE_WHEN = ("over_budget", "cheaper")
 TABLE_FIELDS = 2 + SPREAD_FIELDS  # per rank: kept count, spread, elements sent so far (then the window)
+
+
+def allgather_costs(counts: list[int]) -> tuple[int, int]:
+    """Elements the busiest rank sends to allgather the kept entries that the ranks hold
+    ``counts`` of: (plain allgatherv, balanced first). Plain: the largest count's pairs to each
+    of the P-1 others, 2(P-1)·max. Balanced: its surplus, at most min(max, K - floor(K/P)) pairs,
+    then equal slices of ceil(K/P) pairs to the P-1 others."""
+    p, total, most = len(counts), sum(counts), max(counts)
+    return 2 * (p - 1) * most, 2 * min(most, total - total // p) + 2 * (p - 1) * -(-total // p)
+
+
+def allgather_reserve(total: int, p: int) -> int:
+    """Elements kept back for the allgather of ``total`` kept entries before their counts are
+    known: every rank's share ceil(K/P) to the P-1 others and a surplus of one share,
+    2P·ceil(K/P) (at most 2K + 2P). What the busiest rank would need beyond it, should one rank
+    hold more, is not reserved: :func:`trim_counts` fits the allgather to what is left."""
+    return 0 if p == 1 else 2 * p * -(-total // p)
+
+
+def reserve_cap(allowance: float, p: int, n: int) -> int:
+    """Largest total K whose :func:`allgather_reserve` fits ``allowance`` (0 when none does; n alone)."""
+    return n if p == 1 else max(0, int(allowance // (2 * p)) * p)
+
+
+def trim_counts(counts: list[int], allowance: float) -> list[int]:
+    """The counts the ranks allgather within ``allowance`` elements: ``counts`` when the cheaper
+    way (:func:`allgather_costs`) fits; else every count capped at M, the largest cap whose
+    cheaper way fits (both costs grow with the cap: a bisection). With :func:`allgather_reserve`
+    left, M >= ceil(K/P): only a rank holding more than its share is ever trimmed. A trimmed rank
+    keeps its M largest |values|; every rank knows every count, so all trim alike without a
+    message."""
+    if len(counts) == 1 or min(allgather_costs(counts)) <= allowance:
+        return list(counts)
+    lo, hi = 0, max(counts)  # min(costs) at cap lo fits allowance (or lo = 0), at cap hi it does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if min(allgather_costs([min(c, mid) for c in counts])) <= allowance else (lo, mid)
+    return [min(c, lo) for c in counts]
+
+
+def search_band(k: int, p: int, n: int, allowance: float, due: bool, dtype: torch.dtype,
+                spread: Spread | None = None) -> tuple[int, int, int]:
+    """Where a global recompute aims, given what the busiest rank may still send after the count
+    table (``allowance``): (bins of its search, k_min, k_max). Due: exactly k; else within k/16
+    of k. Both capped (:func:`reserve_cap`) so that the new counts' gather (P-1 elements), one
+    round of ``bins`` and the allgather's reserve (:func:`allgather_reserve`) fit."""
+    gather = p - 1
+    bins = bins_within(min(k / 2, allowance - gather - allgather_reserve(k, p)), dtype, p, spread)
+    k_max = min(k if due else k + k // 16, reserve_cap(allowance - gather - round_cost(bins, p), p, n))
+    return bins, (k_max if due else min(k - k // 16, k_max)), k_max
 
 
 def window_bins(k: int, p: int) -> int:
@@ -253,7 +321,8 @@ class OkTopk(SparseAlgorithm):
         """Bounded control: keep the reduced entries above a global threshold that is reused while
         the kept total stays in [lower*k, upper*k] and fits the budget, else recomputed (without
         moving values) to keep the exact top-k when due and about k otherwise; then allgather
-        them, balanced when the plain allgatherv would break the budget."""
+        them, balanced when the plain allgatherv would break the budget, and an over-full
+        region's rank trimmed to its largest when neither way fits (:func:`trim_counts`)."""
         p, k, me = self.comm.size, self.k, self.comm.rank
         thr = self.global_.value
         window = Window.around(thr, r_val.dtype, self.window_bins) if thr is not None and self.window_bins else None
@@ -274,7 +343,7 @@ class OkTopk(SparseAlgorithm):
         spread = Spread.combine([row[1:1 + SPREAD_FIELDS] for row in table])
         due = self.global_.due(step)
         allowance = self._allowance(spent, window)  # what the allgather may spend when nothing else runs
-        high = min(int(self.options.band_upper * k), self._cap(allowance))
+        high = min(int(self.options.band_upper * k), reserve_cap(allowance, p, self.n))
         if due or not min(int(self.options.band_lower * k), high) <= sum(counts) <= high:
             thr, counts, allowance = self._recompute(r_val, table, window, spread, allowance, due)
             if due:
@@ -290,16 +359,22 @@ class OkTopk(SparseAlgorithm):
         # this rank's kept count is known on the host: positions without another host read
         where = torch.nonzero_static(keep, size=counts[me]).view(-1)
         s_idx, s_val = r_idx[where], r_val[where]
+        fitted = trim_counts(counts, allowance)  # only where one rank holds more than the rest leaves it
+        if fitted != counts:
+            self.note("trimmed", sum(counts) - sum(fitted))
+            if fitted[me] < counts[me]:
+                with self.selecting():
+                    top = torch.sort(torch.topk(s_val.abs(), fitted[me], sorted=False).indices).values
+                    s_idx, s_val = s_idx[top], s_val[top]
+            counts = fitted
         total = sum(counts)
         if p == 1 or total == 0:
             return s_idx, s_val
-        # Busiest rank's elements: a plain allgatherv against balancing (its surplus is at most
-        # K - floor(K/P)) + an allgather of equal slices. Balancing costs a collective more: by
-        # default it runs only when the plain allgatherv would take the busiest rank past the
-        # budget. Every rank knows the counts and the table: all choose alike.
-        width = -(-total // p)
-        balanced = 2 * min(max(counts), total - total // p) + 2 * (p - 1) * width
-        plain = 2 * (p - 1) * max(counts)
+        # Busiest rank's elements: a plain allgatherv against balancing + an allgather of equal
+        # slices. Balancing costs a collective more: by default it runs only when the plain
+        # allgatherv would take the busiest rank past the budget. The cheaper fits (trim_counts).
+        # Every rank knows the counts and the table: all choose alike.
+        plain, balanced = allgather_costs(counts)
         if plain <= balanced or (self.options.balance_when == "over_budget" and plain <= allowance):
             with self.phase("allgather"):
                 g_idx, g_val, _ = allgatherv_pairs(self.comm, s_idx, s_val, self.n, counts)
@@ -313,14 +388,13 @@ class OkTopk(SparseAlgorithm):
                    allowance: float, due: bool) -> tuple[float, list[int] | None, float]:
         """The new global threshold; every rank's count at it when the table already holds them
         (None: gather them); and what the allgather may still spend. Due: the exact top-k; else
-        a total within k/16 of k. Both capped so that the allgather fits the budget after the
-        count gather and one round of a search: a search gets what the allgather leaves, and ends
-        under the cap if that runs out before the band (``threshold_cuts``)."""
-        p, k = self.comm.size, self.k
+        a total within k/16 of k. Both capped so that the allgather's reserve
+        (:func:`allgather_reserve`) fits the budget after the count gather and one round of a
+        search: a search gets what the reserve leaves, and ends under the cap if that runs out
+        before the band (``threshold_cuts``)."""
+        p = self.comm.size
         gather = p - 1  # the new counts, unless the table answers
-        bins = bins_within(min(k / 2, allowance - gather - self._allgather_bound(k)), r_val.dtype, p, spread)
-        k_max = min(k if due else k + k // 16, self._cap(allowance - gather - round_cost(bins, p)))
-        k_min = k_max if due else min(k - k // 16, k_max)
+        bins, k_min, k_max = search_band(self.k, p, self.n, allowance, due, r_val.dtype, spread)
         if spread.nonzero <= k_max:  # every non-zero entry fits: threshold 0, every count in the table
             return 0.0, [row[1] for row in table], allowance
         if k_max == 0:  # the budget is spent: keep nothing this step (above every value, no collective)
@@ -336,7 +410,7 @@ class OkTopk(SparseAlgorithm):
                 self.note("window_answers", 1)
                 return from_bits(window.edges[best], r_val.dtype), [counts[best] for counts in ranks], allowance
             start = window.start(every, k_max, spread)
-        budget = allowance - gather - self._allgather_bound(k_max)
+        budget = allowance - gather - allgather_reserve(k_max, p)
         with self.phase("threshold"):
             found = threshold_search(self.comm, r_val, k_max, k_min, bins=bins, spread=spread, start=start,
                                      budget=int(budget) if p > 1 else None, round_limit=SEARCH_ROUNDS)
@@ -350,24 +424,6 @@ class OkTopk(SparseAlgorithm):
         p, k = self.comm.size, self.k
         table = (TABLE_FIELDS + (window.bins + 1 if window else 0)) * (p - 1)
         return self.options.volume_budget * k - 1 - spent - table
-
-    def _allgather_bound(self, total: int) -> int:
-        """The most one rank sends to allgather ``total`` kept entries, balanced when needed: its
-        balance surplus 2(K - floor(K/P)) and the allgather of the balanced slices 2(P-1)ceil(K/P)
-        are together <= 4K(P-1)/P + 2P."""
-        p = self.comm.size
-        return 0 if p == 1 else -(-4 * total * (p - 1) // p) + 2 * p
-
-    def _cap(self, allowance: float) -> int:
-        """Largest total K of kept entries whose allgather fits ``allowance`` (:meth:`_allgather_bound`;
-        0 when none does)."""
-        p = self.comm.size
-        if p == 1:
-            return self.n
-        cap = max(0, int((allowance - 2 * p) * p // (4 * (p - 1))))
-        while cap and self._allgather_bound(cap) > allowance:  # the bound's ceiling
-            cap -= 1
-        return cap
 
     def _thresholded_global(self, r_idx: torch.Tensor, r_val: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keep this region's reduced entries above the reused global threshold; allgather them."""

@@ -19,8 +19,8 @@ data; every rank gets the same threshold. Each round is one allreduce of ``bins`
 and one host read of them; nothing else leaves the device. :func:`probe_cost_bound` is the
 worst-case number of elements a search sends. :func:`threshold_search` takes an element budget
 instead: it stops before a round the budget cannot pay, under the cap (Ok-Topk's bounded
-control gives a search what its allgather leaves of the 6k budget), and :func:`bins_within`
-chooses the bins for a budget.
+control gives a search what the reserve for its allgather leaves of the 6k budget), and
+:func:`bins_within` chooses the bins for a budget.
 
     t = distributed_threshold(comm, region_values, k_max=k, k_min=k)   # exact global top-k
 """

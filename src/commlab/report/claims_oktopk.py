@@ -398,12 +398,12 @@ CLAIMS = [
         to_test="runs long enough that ssgd and the gap settle between the last two evaluations: the whole training "
                 "set (scale laptop_full of config/papers/oktopk.yaml) or VGG-16 on CIFAR-10 for 161 epochs (scale "
                 "paper, config/paper_scale.yaml)"),
-    # The release's reused global threshold is the paper's approximation of the top-k of the summed
-    # accumulations: whether it applies about k entries is a measurement of the method. The bounded
+    # The release's reused global threshold is the paper's approximation of the global top-k of the
+    # summed local top-k selections: whether it applies about k entries is a measurement of the method. The bounded
     # control is ours, built to keep about k: its count is a check of that construction.
     Declared(
-        claim="Ok-Topk's update applies about k entries per step (the top-k of the summed accumulations, "
-              "approximated by a reused global threshold)",
+        claim="Ok-Topk's update applies about k entries per step (the global top-k of the summed local top-k "
+              "selections, approximated by a reused global threshold)",
         paper="Sec. 4 (a global threshold reused between exact top-k steps), as released (threshold_control: release)",
         sources=(Source(applied_per_step("release"), Within("deviation", bound="tolerance", partly=2),
                         ours="entries applied per sparse step / k, per run: {per_run}; log windows {windows}",
