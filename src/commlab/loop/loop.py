@@ -74,7 +74,7 @@ from commlab.loop.timing import StepTimer
 from commlab.models import build_model
 from commlab.tracking import RunFacts
 
-__all__ = ["EXIT_PREEMPTED", "Run", "add_loss", "steps", "train"]
+__all__ = ["EXIT_PREEMPTED", "Run", "add_loss", "mid_epoch_evaluations", "steps", "train"]
 
 
 def train(config: dict, sentinel=None, options=None, tracking_relay: str | None = None) -> dict:
@@ -125,9 +125,11 @@ def train(config: dict, sentinel=None, options=None, tracking_relay: str | None 
 
 
 def steps(run: Run, stop: StopSignal) -> None:
-    """The step loop: every step of the run, an evaluation (and checkpoint) at each epoch end, a
-    log point every ``train.log_every`` steps; all ranks agree there to stop on a SIGTERM."""
+    """The step loop: every step of the run, an evaluation (and checkpoint) at each epoch end and
+    at the epoch's other ``train.evals_per_epoch`` points, a log point every ``train.log_every``
+    steps; all ranks agree there to stop on a SIGTERM."""
     progress, data = run.progress, run.data
+    within = mid_epoch_evaluations(data.steps_per_epoch, run.train_config.get("evals_per_epoch", 1))
     # A checkpoint taken on SIGTERM at an epoch's last step resumes with pos == steps_per_epoch:
     # the epoch's evaluation is still due.
     while progress.step < data.total_steps or progress.pos == data.steps_per_epoch:
@@ -137,9 +139,17 @@ def steps(run: Run, stop: StopSignal) -> None:
         with contextlib.closing(data.batches(progress.epoch, progress.pos)) as batches:  # closed: loader workers stop
             while progress.pos < data.steps_per_epoch and progress.step < data.total_steps:
                 run.step(next(batches))
+                if progress.pos in within and progress.step < data.total_steps:
+                    run.evaluate()  # before the log point: a checkpoint taken there follows it
                 at_log_point = progress.step % run.log_every == 0 or progress.step == data.total_steps
                 if at_log_point and run.log_point(stop.requested):
                     raise Preempted()
+
+
+def mid_epoch_evaluations(steps_per_epoch: int, per_epoch: int) -> set[int]:
+    """The positions within an epoch (steps taken in it) after which an evaluation runs besides the
+    epoch's end: ``per_epoch`` evenly spaced points, the last being the end itself."""
+    return {round(i * steps_per_epoch / per_epoch) for i in range(1, per_epoch)} - {0, steps_per_epoch}
 
 
 def add_loss(window: torch.Tensor, loss: torch.Tensor) -> None:
