@@ -130,7 +130,7 @@ def _cmd_grid(args) -> int:
     import yaml
 
     from commlab.config import ConfigError, run_dir
-    from commlab.grid import resolve_grid
+    from commlab.grid import borrowed_runs, resolve_grid
 
     defaults = {}
     if args.workflow_config and Path(args.workflow_config).exists():
@@ -141,11 +141,16 @@ def _cmd_grid(args) -> int:
         print(f"commlab grid: {err}", file=sys.stderr)
         return 2
     selected = {k: v for k, v in configs.items() if not args.only or k[0] in args.only}
+    lent = {k: v for k, v in borrowed_runs(args.paper, scale=args.scale).items() if not args.only or k[0] in args.only}
     if not args.run:
         for (name, seed), config in selected.items():
             print(f"{name}\tseed={seed}\tmethod={config['method']}\tworkers={config['workers']}"
                   f"\tnodes={config['nodes']}\tmodel={config['model']}\tdataset={config['dataset']}")
+        for (name, seed), lender in lent.items():
+            print(f"{name}\tseed={seed}\tborrowed from {lender} (`commlab grid {lender}` trains it)")
         return 0
+    for (name, seed), lender in lent.items():
+        print(f"[grid] {args.paper}/{name}/seed{seed}: borrowed from {lender}'s grid, not trained here", flush=True)
     started = time.perf_counter()
     for (name, seed), config in selected.items():
         folder = run_dir(config, root=args.results)  # scales get their own folders

@@ -14,6 +14,14 @@ A grid file looks like::
       smoke: {seeds: [0], base: {train: {train_subset: 2000}}, runs: [ssgd, kstep_k16]}
       paper: {base: {dataset: cifar10, model: resnet20}, runs: {...}}
 
+A run may be **borrowed** from another paper's grid: ``ssgd: {borrow: baseline}`` reads the baseline
+grid's run of the same name (every seed) instead of training a second one. It is resolved here as
+this grid would train it and must agree with the lender's run key for key (the paper, the run's
+output folder and its MLflow experiment aside): two reports then judge their claims against one
+set of runs, and a grid that drifts from its lender stops the workflow with the keys that differ.
+:func:`resolve_grid` leaves borrowed runs out (the lender trains them); :func:`borrowed_runs` names
+them and their lenders.
+
 The grid file is checked against ``schemas/grid.schema.yaml``. In a scale, ``base`` is merged over
 the paper's base, ``seeds`` replaces the seeds, and ``runs`` is either a list of names to keep or a
 mapping that replaces the runs. A run's own ``seeds`` replace the grid's for that run (e.g. one
@@ -66,7 +74,56 @@ def load_grid_file(paper: str, papers_dir: str | Path = PAPERS_DIR) -> dict:
 
 def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop",
                  papers_dir: str | Path = PAPERS_DIR) -> dict[tuple[str, int], dict]:
-    """All run configs of a paper at a scale: ``{(name, seed): config}``, validated."""
+    """The run configs a paper trains at a scale: ``{(name, seed): config}``, validated; its
+    borrowed runs (trained by their lenders) are checked against the lenders' and left out."""
+    configs, borrowed = _resolve(paper, defaults, scale, papers_dir)
+    for (name, seed), (lender, config) in borrowed.items():
+        _check_borrowed(paper, name, seed, lender, config, defaults, scale, papers_dir)
+    return configs
+
+
+def borrowed_runs(paper: str, scale: str = "laptop", papers_dir: str | Path = PAPERS_DIR) -> dict[tuple[str, int], str]:
+    """``{(name, seed): lender paper}`` of the runs the paper borrows at ``scale`` (unchecked: the
+    workflow checks them through :func:`resolve_grid` before any job)."""
+    return {key: lender for key, (lender, _) in _resolve(paper, None, scale, papers_dir)[1].items()}
+
+
+#: What a borrowed run may differ in from its lender's: whose grid and folder it is.
+BORROW_IGNORES = ("paper", "output_dir", "tracking.experiment")
+
+
+def _check_borrowed(paper: str, name: str, seed: int, lender: str, config: dict, defaults: dict | None, scale: str,
+                    papers_dir: str | Path) -> None:
+    where = f"config/papers/{paper}.yaml run {name!r}"
+    if lender == paper:
+        raise ConfigError(f"{where}: borrows from its own grid")
+    lent, lent_borrowed = _resolve(lender, defaults, scale, papers_dir)
+    if (name, seed) in lent_borrowed:
+        raise ConfigError(f"{where}: {lender}'s run {name!r} is itself borrowed; borrow from the grid that trains it")
+    if (name, seed) not in lent:
+        raise ConfigError(f"{where}: borrows {lender}'s run {name!r} seed {seed}, which that grid does not have at "
+                          f"scale {scale!r}")
+    ours, theirs = _flat(config), _flat(lent[(name, seed)])
+    ignored = [k for k in set(ours) | set(theirs) if any(k == i or k.startswith(i + ".") for i in BORROW_IGNORES)]
+    differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k) and k not in ignored)
+    if differ:
+        shown = "; ".join(f"{k}: here {ours.get(k)!r}, {lender} {theirs.get(k)!r}" for k in differ[:6])
+        raise ConfigError(f"{where}: borrows {lender}'s run but the configs differ ({shown}); make the grids agree or "
+                          f"train the run here")
+
+
+def _flat(config: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _resolve(paper: str, defaults: dict | None, scale: str, papers_dir: str | Path) -> tuple[dict, dict]:
+    """(trained runs, borrowed runs: ``{(name, seed): (lender, config as this grid would train it)}``)."""
     grid = load_grid_file(paper, papers_dir)
     base = deep_merge(DEFAULTS, defaults or {})
     base = deep_merge(base, grid.get("base") or {})
@@ -86,10 +143,11 @@ def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop"
             runs = {name: runs[name] for name in chosen}
         elif isinstance(chosen, dict):
             runs = chosen
-    configs = {}
+    configs, borrowed = {}, {}
     for name, fragment in runs.items():
         fragment = dict(fragment or {})
         run_seeds = list(fragment.pop("seeds", seeds))
+        lender = fragment.pop("borrow", None)
         for seed in run_seeds:
             config = deep_merge(base, fragment)
             config.update(paper=paper, name=name, seed=seed, scale=scale)
@@ -98,8 +156,11 @@ def resolve_grid(paper: str, defaults: dict | None = None, scale: str = "laptop"
                 validate_config(config)
             except ConfigError as err:
                 raise ConfigError(f"config/papers/{paper}.yaml run {name!r}: {err}") from None
-            configs[(name, seed)] = copy.deepcopy(config)
-    return configs
+            if lender is None:
+                configs[(name, seed)] = copy.deepcopy(config)
+            else:
+                borrowed[(name, seed)] = (lender, copy.deepcopy(config))
+    return configs, borrowed
 
 
 def grid_title(paper: str, papers_dir: str | Path = PAPERS_DIR) -> str | None:

@@ -35,7 +35,7 @@ try:
         run_dir as config_run_dir,
         validate_config,
     )
-    from commlab.grid import resolve_grid
+    from commlab.grid import borrowed_runs, resolve_grid
     from commlab.registry import DATASETS
     from commlab.report.claims import declarations
 except ModuleNotFoundError as err:
@@ -111,8 +111,24 @@ def resolve_runs(cfg: dict) -> dict:
     return runs
 
 
+def resolve_borrowed(cfg: dict) -> dict:
+    """{(paper, name, seed): lender} of the runs a paper reads from another paper's grid (checked
+    against the lender's by resolve_runs); a lender must be among the configured papers."""
+    borrowed = {}
+    for paper in cfg["papers"]:
+        for (name, seed), lender in borrowed_runs(paper, scale=cfg["scale"]).items():
+            if lender not in cfg["papers"]:
+                raise WorkflowError(
+                    f"config key papers: {paper!r} borrows run {name!r} from {lender!r}, "
+                    "which is not among the papers: add it"
+                )
+            borrowed[(paper, name, seed)] = lender
+    return borrowed
+
+
 check_workflow_config(config)
 RUNS = resolve_runs(config)
+BORROWED = resolve_borrowed(config)
 DVC_STAGES = yaml.safe_load(Path("dvc.yaml").read_text())["stages"]
 DVC_PARAMS = yaml.safe_load(Path("params.yaml").read_text()) or {}
 
@@ -147,7 +163,13 @@ def paper_priority(wildcards) -> int:
 
 
 def paper_sentinels(paper: str) -> list:
-    return [f"{run_dir(p, n, s)}/sentinel.json" for (p, n, s) in RUNS if p == paper]
+    """The sentinels of the runs a paper's report reads: its own, and those it borrows."""
+    own = [f"{run_dir(p, n, s)}/sentinel.json" for (p, n, s) in RUNS if p == paper]
+    return own + [
+        f"{run_dir(lender, n, s)}/sentinel.json"
+        for (p, n, s), lender in BORROWED.items()
+        if p == paper
+    ]
 
 
 def dvc_managed(run: dict) -> bool:

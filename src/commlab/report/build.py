@@ -72,12 +72,16 @@ def sentinel_runs(results: Path, paper: str) -> dict[tuple[str, int], str | None
 def check_sentinels(paper: str, results: Path, uri: str, scale: str | None = None) -> list[str]:
     """Warnings where the report's runs (newest finished per name and seed) are not the ones the
     training jobs recorded, e.g. after a manual rerun into the same store."""
+    from commlab.report.collect import borrowed, load_report_runs
+
     recorded = sentinel_runs(results, paper)
+    for (name, seed), lender in borrowed(paper, scale).items():
+        run_id = sentinel_runs(results, lender).get((name, seed))
+        if run_id is not None:
+            recorded[(name, seed)] = run_id
     if not recorded:
         return []
-    from commlab.report.collect import load_runs
-
-    runs = load_runs(paper, uri=uri, scale=scale)
+    runs = load_report_runs(paper, uri=uri, scale=scale)
     newest = {(r.name, int(r.seed)): r.run_id for r in runs.itertuples()}
     warnings = []
     for key, run_id in sorted(recorded.items()):

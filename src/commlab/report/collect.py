@@ -8,11 +8,16 @@ runs tagged with the asked scale; runs without the tag (made before runs were ta
 that scale only when no run of the experiment carries a ``scale`` tag at all. ``scale=None``
 keeps every run.
 
+``load_report_runs(paper, scale=...)`` adds the runs the paper's grid borrows from another grid
+(:func:`commlab.grid.borrowed_runs`), read from the lender's experiment, marked ``borrowed_from``.
+
 ``load_history(runs, metrics)`` returns the per-step values of those runs in long form: run_id,
 name, method, seed, metric, step, value (commlab.report.notebook.wide_history pivots it).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pandas as pd
 
@@ -52,6 +57,37 @@ def load_runs(paper: str, uri: str | None = None, status: str = "FINISHED", scal
         if df.empty:
             return pd.DataFrame(columns=RUN_COLUMNS)
     return df.groupby(["name", "seed"], as_index=False).last().reset_index(drop=True)
+
+
+def borrowed(paper: str, scale: str | None) -> dict[tuple[str, int], str]:
+    """``{(name, seed): lender}`` of the runs the paper's grid borrows at ``scale`` (laptop when
+    none is given); none where there is no grid of that name here (an ad-hoc experiment)."""
+    from commlab.config import ConfigError
+    from commlab.grid import PAPERS_DIR, borrowed_runs
+
+    if not (Path(PAPERS_DIR) / f"{paper}.yaml").exists():
+        return {}
+    try:
+        return borrowed_runs(paper, scale=scale or "laptop")
+    except ConfigError:
+        return {}  # a scale the grid does not have: it borrows nothing there
+
+
+def load_report_runs(paper: str, uri: str | None = None, scale: str | None = None) -> pd.DataFrame:
+    """The runs a paper's report reads: :func:`load_runs` of its own experiment and, for each run
+    its grid borrows, the lender's run of that name and seed (column ``borrowed_from``: the lender,
+    empty for its own)."""
+    own = load_runs(paper, uri=uri, scale=scale)
+    parts = [own.assign(borrowed_from="")]
+    lent: dict[str, set] = {}
+    for (name, seed), lender in borrowed(paper, scale).items():
+        lent.setdefault(lender, set()).add((name, seed))
+    for lender, keys in sorted(lent.items()):
+        theirs = load_runs(lender, uri=uri, scale=scale)
+        mine = [(r.name, int(r.seed)) in keys for r in theirs.itertuples()]
+        parts.append(theirs[mine].assign(borrowed_from=lender))
+    parts = [p for p in parts if len(p)]
+    return pd.concat(parts, ignore_index=True) if parts else own.assign(borrowed_from="")
 
 
 def load_history(runs: pd.DataFrame, metrics: list[str], uri: str | None = None) -> pd.DataFrame:

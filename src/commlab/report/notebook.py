@@ -47,7 +47,7 @@ from commlab.report.claims import (  # noqa: E402
     evaluate,
     write_claims,
 )
-from commlab.report.collect import load_history, load_runs  # noqa: E402
+from commlab.report.collect import load_history, load_report_runs  # noqa: E402
 from commlab.report.metrics import TASK_METRICS  # noqa: E402
 from commlab.report.ranking import evaluations_table  # noqa: E402
 from commlab.report.tables import link_mbit  # noqa: E402
@@ -99,15 +99,17 @@ def open_report(paper: str, out_dir: str | Path, tracking_uri: str | None = None
     was run, and write for the index the runs' final numbers (``<out>/<paper>/runs.csv``) and
     their evaluations with the samples processed at each (``evaluations.csv``: the index's ranking
     by time to a shared accuracy target, :mod:`commlab.report.ranking`)."""
-    runs = load_runs(paper, uri=tracking_uri, scale=scale)
+    runs = load_report_runs(paper, uri=tracking_uri, scale=scale)
     history = load_history(runs, list(metrics), uri=tracking_uri) if len(runs) and metrics else \
         pd.DataFrame(columns=["run_id", "name", "method", "seed", "metric", "step", "value"])
     rep = Report(runs, history, Path(out_dir), paper=paper, title=grid_title(paper), scale=scale)
     rep.folder.mkdir(parents=True, exist_ok=True)
-    summary = runs.assign(paper=paper, link_mbit=link_mbit(runs)) if len(runs) else pd.DataFrame()
+    # The index shows every run once, under the paper that trained it: borrowed runs stay out of these.
+    own = runs[runs.borrowed_from == ""] if "borrowed_from" in runs else runs
+    summary = own.assign(paper=paper, link_mbit=link_mbit(own)) if len(own) else pd.DataFrame()
     summary.reindex(columns=SUMMARY_COLUMNS).to_csv(rep.folder / "runs.csv", index=False)
-    evaluation_history(runs, history, metrics, tracking_uri).pipe(evaluations_table, runs, paper).to_csv(
-        rep.folder / "evaluations.csv", index=False)
+    evaluation_history(own, history[history.run_id.isin(own.run_id)], metrics, tracking_uri).pipe(
+        evaluations_table, own, paper).to_csv(rep.folder / "evaluations.csv", index=False)
     _display_html(header_html(rep))
     return rep
 
@@ -161,6 +163,12 @@ def header_html(rep: Report) -> str:
     }
     parts.append('<table class="commlab-scale"><tr>' + "".join(f"<th>{k}</th>" for k in cells) + "</tr><tr>"
                  + "".join(f"<td>{v}</td>" for v in cells.values()) + "</tr></table>")
+    lent = runs[runs.borrowed_from != ""] if "borrowed_from" in runs else runs.iloc[:0]
+    if len(lent):
+        names = "; ".join(f"<code>{e(n)}</code> from <code>{e(g.borrowed_from.iloc[0])}</code>'s grid"
+                          for n, g in lent.groupby("name"))
+        parts.append(f"<p>Runs read from another paper's grid, trained once with the same config for both: "
+                     f"{names}.</p>")
     parts.append("<p><small>Verdicts first; figures and per-run details follow. The code is in "
                  '<a href="report.ipynb">report.ipynb</a> beside this page.</small></p>')
     return "\n".join(parts)
