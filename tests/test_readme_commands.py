@@ -167,11 +167,13 @@ def test_a_wrong_option_is_caught():
 
 def test_launch_network_options_reach_the_launcher(monkeypatch):
     """`commlab launch --network-mbit/--latency-ms` (README, docs/network.md) are the launcher's own."""
-    import commlab.launch
+    import commlab.launch.command
     from commlab.cli import main
+    from commlab.launch.client import SERVER_ENV
 
     calls = []
-    monkeypatch.setattr(commlab.launch, "launch", lambda *args: calls.append(args) or 0)
+    monkeypatch.delenv(SERVER_ENV, raising=False)  # no warm launcher: the launch runs here
+    monkeypatch.setattr(commlab.launch.command, "launch", lambda *args, **marks: calls.append(args) or 0)
     assert main(["launch", "--config", "run.yaml", "--network-mbit", "1000", "--latency-ms", "0.5"]) == 0
     assert calls == [("run.yaml", None, 1000.0, 0.5)]
 

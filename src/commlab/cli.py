@@ -249,10 +249,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _hand_over_launch(launch_argv: list[str]) -> None:
+    """``commlab launch`` as a thin client: when a warm launcher answers (commlab.launch.client),
+    the process ends with the job's exit status, having imported nothing but the client."""
+    import time
+
+    from commlab.launch.client import SERVER_ENV, served_launch
+    from commlab.timeline import process_start_time
+
+    if not os.environ.get(SERVER_ENV):
+        return
+    rc = served_launch(launch_argv, {"start": process_start_time(), "main": time.time()})
+    if rc is None:
+        os.environ.pop(SERVER_ENV)  # it said why; the launch below runs here without asking again
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 def main(argv: list[str] | None = None, as_program: bool = False) -> int:
     """The command line's exit status. ``as_program`` (``python -m commlab``): a launch then ends
     the process at once (:func:`commlab.launch.command.end_process`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if as_program and argv[:1] == ["launch"] and not {"-h", "--help"} & set(argv):
+        _hand_over_launch(argv[1:])  # returns only when no warm launcher answers
     args = build_parser().parse_args(argv)
     if args.func is _cmd_launch:
         args.launch_argv = argv[argv.index("launch") + 1:]  # as given, for the warm launcher to parse again
