@@ -225,6 +225,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--notebooks", default="workflow/notebooks", help="notebook folder")
     p.add_argument("--results", default="results/laptop",
                    help="folder of one scale's run sentinels (default: results/laptop)")
+    p.add_argument("--snakemake-log", metavar="LOG",
+                   help="with --index: the workflow run's Snakemake log, for how it spent its time (`latest`: the "
+                        "newest in .snakemake/log)")
     p.add_argument("--scale", help="report only the runs tagged with this scale (smoke, laptop, laptop_full, "
                                    "paper); untagged runs count when no run is tagged; default: every run")
     p.set_defaults(func=_cmd_report)

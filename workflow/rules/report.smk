@@ -69,8 +69,10 @@ rule report_index:
         "../envs/commlab.yaml"
     params:
         out=lambda wildcards, output: Path(output[0]).parent,
+        results=RESULTS,
     shell:
-        "python -m commlab report --index --out {params.out} > {log} 2>&1"
+        "python -m commlab report --index --out {params.out} --results {params.results} "
+        "--snakemake-log latest > {log} 2>&1"
 
 
 # Named targets per paper: `snakemake train_<paper>` (its runs), `snakemake report_<paper>`.

@@ -162,6 +162,12 @@ def build_paper(paper: str, out: Path, notebooks: Path, uri: str, cwd: Path | No
     return html_path
 
 
+def latest_snakemake_log(folder: str = ".snakemake/log") -> Path | None:
+    """The newest Snakemake log here: the running workflow's, when the index is its job."""
+    logs = sorted(Path(folder).glob("*.snakemake.log"))
+    return logs[-1] if logs else None
+
+
 def main(args) -> int:
     """Entry point of ``commlab report`` (args: paper list, index, out, notebooks, results)."""
     from commlab.tracking import tracking_uri
@@ -183,5 +189,6 @@ def main(args) -> int:
             print(f"commlab report: {err}", file=sys.stderr)
             status = 1
     if args.index:
-        print(f"index: {build_index(out)}")
+        log = getattr(args, "snakemake_log", None)
+        print(f"index: {build_index(out, results, latest_snakemake_log() if log == 'latest' else log and Path(log))}")
     return status

@@ -271,9 +271,44 @@ def verdicts_html() -> str:
     return '<dl class="commlab-verdicts">' + "".join(items) + "</dl>"
 
 
-def build_index(out: Path) -> Path:
+def time_html(results: Path | None, log: Path | None) -> str:
+    """How the workflow run that built the index spent its time, from its Snakemake log (``log``,
+    up to now: the index is its last job) and the training jobs' timelines under ``results``
+    (:mod:`commlab.bench.overhead`); what is not there is said to be not measured."""
+    from commlab.bench.overhead import parse_snakemake_log, training_phases, workflow_split
+
+    e = html.escape
+    parts = []
+    if log is not None and log.exists():
+        split = workflow_split(parse_snakemake_log(log.read_text()))
+        if split["elapsed"]:
+            rows = [[e(r["rule"]), str(r["jobs"]), f"{r['seconds'] / 60:.1f}"] for r in split["rules"]]
+            rows.append(["no job running (Snakemake's own)", "", f"{split['idle'] / 60:.1f}"])
+            parts.append(f"<p>Snakemake's run, up to this page: {split['elapsed'] / 60:.1f} minutes "
+                         f"(<code>{e(log.name)}</code>; the installation before it is not counted).</p>"
+                         + _table(["rule", "jobs", "minutes"], rows))
+    if not parts:
+        parts.append("<p>The workflow's own time: not measured (no Snakemake log given).</p>")
+    training = training_phases(results) if results is not None and results.exists() else {"jobs": 0}
+    if training["jobs"]:
+        seconds, total = training["seconds"], training["total"]
+        overhead = {p: s for p, s in seconds.items() if p != "steps" and s > 0}
+        worst = sorted(overhead.items(), key=lambda kv: -kv[1])[:4]
+        parts.append(f"<p>{training['jobs']} training jobs ({training['served']} served by the warm launcher): "
+                     f"{total / 60:.1f} minutes, {seconds['steps'] / total:.0%} of it in training steps; the most "
+                     "of the rest: " + ", ".join(f"{e(p)} {s / total:.1%}" for p, s in worst)
+                     + ". Each job's split is its <code>timeline.json</code>; <code>commlab bench overhead "
+                     "--workflow latest</code> prints it all.</p>")
+    else:
+        parts.append("<p>The training jobs' phases: not measured (no <code>timeline.json</code> under the "
+                     "results).</p>")
+    return "\n".join(parts)
+
+
+def build_index(out: Path, results: Path | None = None, log: Path | None = None) -> Path:
     """``out/index.html``: every paper's report, every claims table, each kind of verdict counted
-    per paper and in all, and the cross-paper charts."""
+    per paper and in all, the cross-paper charts, and how the run spent its time (``results``:
+    the runs' folder; ``log``: the Snakemake log of the run, see :func:`time_html`)."""
     e = html.escape
     papers = sorted({p.parent.name for pattern in ("*/report.html", "*/claims.json") for p in out.glob(pattern)})
     summary, claim_rows, titles, links, claims_by_paper = [], [], {}, {}, {}
@@ -312,6 +347,8 @@ def build_index(out: Path) -> Path:
         cross_paper_html(out),
         "<h2>Time to a shared accuracy target on each emulated link</h2>",
         ranking_html(out),
+        "<h2>How this run spent its time</h2>",
+        time_html(results, log),
         "<h2>All claims</h2>",
         _table(["paper", "claim", "paper's figure", "ours", "n", "verdict", "note"], claim_rows, verdict_col=5,
                css="commlab-claims")
