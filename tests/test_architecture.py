@@ -10,6 +10,8 @@ also those inside functions.
 * the config (and the generic options parser) do not import the methods;
 * no method imports torch.distributed (counted traffic goes through the Communicator, the rest
   through the context's control channel);
+* no algorithms module imports a method's module (a file named after the method it registers):
+  shared code lives in shared modules;
 * nothing outside ``core`` reaches a private member of a Communicator (``comm._...``);
 * no production module imports the test kit (``commlab.testing``).
 """
