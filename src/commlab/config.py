@@ -44,6 +44,15 @@ def _run_validator() -> jsonschema.Draft202012Validator:
     return jsonschema.Draft202012Validator(_parsed_run_schema())
 
 
+def warm_up() -> None:
+    """What validating a first config costs a process, paid now: the run schema's validator and
+    every registered method, model and dataset imported. A fork server calls it once
+    (:mod:`commlab.launch.warm`), so that the workers forked from it validate at once."""
+    _run_validator()
+    for registry in (ALGORITHMS, MODELS, DATASETS):
+        registry.names()
+
+
 def schema_defaults(schema: dict) -> dict[str, Any]:
     """The defaults a JSON schema declares: a property's ``default``, else its sub-properties'."""
     out = {}

@@ -29,8 +29,9 @@ from collections.abc import Callable
 
 from commlab.launch.torchrun import WORKER_PRELOAD
 
-#: What the fork server imports once: the worker's own preload and MLflow's client (rank 0 logs).
-PRELOAD = [*WORKER_PRELOAD, "mlflow.tracking"]
+#: What the fork server imports once: the worker's own preload and MLflow's client with its SQL
+#: store (rank 0 logs to the benchmark's private store itself).
+PRELOAD = [*WORKER_PRELOAD, "mlflow.tracking", "mlflow.store.tracking.sqlalchemy_store"]
 WORKER_MODULE = ["-m", "commlab.loop"]
 CLONE_NEWNET = 0x40000000
 

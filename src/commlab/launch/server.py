@@ -48,8 +48,8 @@ from commlab.launch.client import recv_message, send_message
 
 #: What a job's launcher and its workers import, once, before the server forks any of them.
 PRELOAD = ("torch", "torch._dynamo", "torch.distributed.run", "torch.distributed.launcher.api",
-           "commlab.loop.loop", "commlab.loop.worker", "commlab.algorithms", "commlab.models", "commlab.data",
-           "commlab.launch.command", "commlab.tracking", "commlab.tracking_relay", "mlflow.tracking")
+           "commlab.loop.loop", "commlab.loop.worker", "commlab.launch.warm", "commlab.launch.command",
+           "commlab.tracking", "commlab.tracking_relay", "mlflow.tracking")
 
 
 # ---------------------------------------------------------------------- server

@@ -101,8 +101,9 @@ def srun_command(nodes: int) -> list[str]:
 
 
 # Imported once by the fork server that every single-node worker is forked from. torch._dynamo
-# is listed because torch.optim imports it on the first optimizer it builds (a large import).
-WORKER_PRELOAD = ["torch", "torch._dynamo", "commlab.loop.loop", "commlab.loop.worker"]
+# is listed because torch.optim imports it on the first optimizer it builds (a large import);
+# commlab.launch.warm builds what validating the run's config needs (every method imported).
+WORKER_PRELOAD = ["torch", "torch._dynamo", "commlab.loop.loop", "commlab.loop.worker", "commlab.launch.warm"]
 
 
 def start_worker_server() -> None:
