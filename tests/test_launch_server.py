@@ -110,11 +110,19 @@ def test_a_served_launch_trains_and_logs_as_a_cold_one(tmp_path, server):
 
 
 def test_without_an_answering_server_the_launch_runs_itself(tmp_path, monkeypatch, capsys):
+    import socket
+
     from commlab.launch.client import served_launch
 
-    monkeypatch.setenv(SERVER_ENV, str(tmp_path / "no-such-socket"))
+    monkeypatch.setenv(SERVER_ENV, str(tmp_path / "no-such-socket"))  # none started: not a word
+    assert served_launch(["--config", "run.yaml"], {"start": 0.0, "main": 0.0}) is None
+    assert capsys.readouterr().err == ""
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(tmp_path / "stale"))  # a server's socket left behind: nobody listens there
+    monkeypatch.setenv(SERVER_ENV, str(tmp_path / "stale"))
     assert served_launch(["--config", "run.yaml"], {"start": 0.0, "main": 0.0}) is None
     assert "does not answer" in capsys.readouterr().err
+    stale.close()
     monkeypatch.setenv("SLURM_JOB_ID", "7")  # inside an allocation the server may be on another node
     assert served_launch(["--config", "run.yaml"], {"start": 0.0, "main": 0.0}) is None
     assert capsys.readouterr().err == ""

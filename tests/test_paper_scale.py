@@ -15,7 +15,7 @@ import yaml
 
 from commlab.cli import main
 from commlab.config import DEFAULTS, ConfigError
-from commlab.grid import load_grid_file, resolve_grid
+from commlab.grid import borrowed_runs, load_grid_file, resolve_grid
 from commlab.loop.optim import lr_at
 from commlab.options import parse_options
 from commlab.registry import ALGORITHMS
@@ -43,7 +43,11 @@ def test_every_grid_resolves_and_lists_at_every_scale(grid, scale, capsys, monke
     assert configs and all(c["scale"] == scale for c in configs.values())
     monkeypatch.chdir(ROOT)
     assert main(["grid", grid, "--scale", scale]) == 0
-    listed = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    listed = [row for row in rows if not row[2].startswith("borrowed from ")]
+    lent = {(row[0], int(row[1].removeprefix("seed="))): row[2] for row in rows if row not in listed}
+    assert lent == {key: f"borrowed from {lender} (`commlab grid {lender}` trains it)"
+                    for key, lender in borrowed_runs(grid, scale=scale, papers_dir=PAPERS).items()}
     assert [(row[0], int(row[1].removeprefix("seed="))) for row in listed] == list(configs)
     for row, config in zip(listed, configs.values(), strict=True):
         assert row[2:] == [f"method={config['method']}", f"workers={config['workers']}", f"nodes={config['nodes']}",

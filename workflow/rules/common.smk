@@ -113,7 +113,8 @@ def resolve_runs(cfg: dict) -> dict:
 
 def resolve_borrowed(cfg: dict) -> dict:
     """{(paper, name, seed): lender} of the runs a paper reads from another paper's grid (checked
-    against the lender's by resolve_runs); a lender must be among the configured papers."""
+    against the lender's by resolve_runs); a lender must be among the configured papers.
+    """
     borrowed = {}
     for paper in cfg["papers"]:
         for (name, seed), lender in borrowed_runs(paper, scale=cfg["scale"]).items():
@@ -347,16 +348,19 @@ def bench_priority(name: str) -> int:
     return priority_of(papers[0]) if papers else 0
 
 
+#: The warm launcher's socket, relative to the working directory the jobs run in (a Unix socket's
+#: path is short); the train rule's command names it for `commlab launch`.
+LAUNCH_SOCKET = ".snakemake/commlab-launch/socket"
+
+
 class LaunchServer:
     """The warm launcher of a local run (`commlab serve`, src/commlab/launch/server.py): started
-    before the first job, stopped after the last; the jobs' `commlab launch` find it through
-    COMMLAB_LAUNCH_SERVER, which the jobs' shells inherit from this process."""
-
-    ENV = "COMMLAB_LAUNCH_SERVER"
+    before the first job, stopped after the last. The train rule's command points its
+    `commlab launch` at LAUNCH_SOCKET; where no server listens there (launch_server: false, a
+    cluster executor), the launch runs in the job itself."""
 
     def __init__(self):
         self.process = None
-        self.folder = None
 
     def wanted(self) -> bool:
         return (
@@ -370,19 +374,31 @@ class LaunchServer:
         if not self.wanted() or self.process is not None:
             return
         import subprocess
-        import tempfile
 
-        self.folder = tempfile.mkdtemp(prefix="commlab-launch-")  # mode 0700
-        socket = f"{self.folder}/socket"
+        folder = Path(LAUNCH_SOCKET).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        folder.chmod(0o700)  # only this user's processes may hand it jobs
+        Path(LAUNCH_SOCKET).unlink(
+            missing_ok=True
+        )  # a server killed with its workflow leaves it
         Path("logs").mkdir(exist_ok=True)
         with open("logs/launch_server.log", "w") as log:
             # Its own session: a Ctrl-C in the terminal reaches the jobs' clients, which forward it.
             self.process = subprocess.Popen(
-                [shutil.which("python"), "-m", "commlab", "serve", "--socket", socket,
-                 "--parent", str(os.getpid())],
-                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    shutil.which("python"),
+                    "-m",
+                    "commlab",
+                    "serve",
+                    "--socket",
+                    LAUNCH_SOCKET,
+                    "--parent",
+                    str(os.getpid()),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
-        os.environ[self.ENV] = socket
 
     def stop(self) -> None:
         if self.process is None:
@@ -390,13 +406,11 @@ class LaunchServer:
         import signal
         import subprocess
 
-        os.environ.pop(self.ENV, None)
         self.process.send_signal(signal.SIGTERM)
         try:
             self.process.wait(timeout=90)
         except subprocess.TimeoutExpired:
             self.process.kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
         self.process = None
 
 

@@ -89,7 +89,9 @@ rule train:
     params:
         checkpoints=checkpoints_dir,
         complete=complete_marker,
+        launch_server=LAUNCH_SOCKET,  # common.smk: LaunchServer
     shell:
         "if [ -e {params.complete} ]; then rm -rf {params.checkpoints} {params.complete}; fi; "
+        "COMMLAB_LAUNCH_SERVER={params.launch_server} "
         "python -m commlab launch --config {input.config} --sentinel {output.sentinel} > {log} 2>&1 "
         "&& touch {params.complete}"

@@ -54,6 +54,15 @@ def served_launch(argv: list[str], marks: dict) -> int | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
+    except FileNotFoundError:  # no server was started (launch_server: false): nothing to say
+        sock.close()
+        return None
+    except OSError as err:
+        sock.close()
+        print(f"[commlab launch] the warm launcher at {path} does not answer ({err}); launching here",
+              file=sys.stderr, flush=True)
+        return None
+    try:
         socket.send_fds(sock, [b"j"], [0, 1, 2])
         send_message(sock, {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "marks": marks})
         started = recv_message(sock)
