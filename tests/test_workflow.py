@@ -232,6 +232,12 @@ def test_smoke_run_goes_from_data_to_report(tmp_path):
         losses = client.get_metric_history(run.info.run_id, "train_loss")
         assert len(losses) >= 3 and losses[-1].value < losses[0].value
         assert 10.0 < run.data.metrics["test_accuracy"] <= 100.0 and run.data.metrics["bytes_sent"] > 0
+        # The workflow's warm launcher served the job: its timeline says so, and how its time went.
+        timeline = json.loads((folder / "timeline.json").read_text())
+        assert timeline["served"] and timeline["seconds"]["steps"] > 0
+        assert abs(sum(timeline["seconds"].values()) - timeline["total"]) < 0.05
+    assert "ready at" in (project / "logs/launch_server.log").read_text()
+    assert not (project / ".snakemake/commlab-launch/socket").exists()  # it ended with the workflow
 
     # Reports: the paper's HTML, its claims (ssgd and ddp agree), and the index linking it.
     html = (project / "reports/baseline/report.html").read_text()
