@@ -50,14 +50,15 @@ FILE = "timeline.json"
 
 
 def process_start_time() -> float | None:
-    """This process's start as a Unix time, from the kernel (``/proc``); None where unknown."""
+    """This process's start as a Unix time, from the kernel (``/proc``); None where unknown. Its age
+    is the time since boot (``/proc/uptime``, to the hundredth) less its start after boot
+    (``/proc/self/stat``, in clock ticks): the boot time ``btime`` is whole seconds only."""
     try:
         fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
-        ticks = int(fields[19])  # field 22 of stat(5): starttime, in clock ticks after boot
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat(5): starttime after boot
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - max(0.0, uptime - started)
+    except (OSError, ValueError, IndexError):
         return None
 
 
