@@ -371,16 +371,17 @@ class LaunchServer:
         )
 
     def start(self) -> None:
-        if not self.wanted() or self.process is not None:
+        if self.process is not None:
+            return
+        # A server killed with its workflow leaves its socket: gone, whether one starts or not.
+        Path(LAUNCH_SOCKET).unlink(missing_ok=True)
+        if not self.wanted():
             return
         import subprocess
 
         folder = Path(LAUNCH_SOCKET).parent
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o700)  # only this user's processes may hand it jobs
-        Path(LAUNCH_SOCKET).unlink(
-            missing_ok=True
-        )  # a server killed with its workflow leaves it
         Path("logs").mkdir(exist_ok=True)
         with open("logs/launch_server.log", "w") as log:
             # Its own session: a Ctrl-C in the terminal reaches the jobs' clients, which forward it.
