@@ -121,13 +121,20 @@ def test_the_printed_command_runs_the_workers_without_the_launchers_relay(monkey
     the launcher (and its relay's socket) are gone, does not."""
     from commlab.launch import command
 
-    started = []
-    monkeypatch.setattr(command, "run_torchrun", lambda args, on_failure: started.append(args) or 0)
+    started, methods = [], []
+
+    def run_torchrun(args, on_failure, start_method):
+        started.append(args)
+        methods.append(start_method)
+        return 0
+
+    monkeypatch.setattr(command, "run_torchrun", run_torchrun)
     assert command._launch_workers({"workers": 2}, "run.yaml", None, None, command.FailureRecord(),
                                    relay="/tmp/relay.sock") == 0
     printed = capsys.readouterr().out.strip()
     assert started[0][-2:] == ["--tracking-relay", "/tmp/relay.sock"]
     assert printed == "[commlab launch] " + " ".join(command.TORCHRUN + started[0][:-2]) + "  " + command.RELAY_REMARK
+    assert methods == ["forkserver"]  # a cold launch: its workers come from a preloaded fork server
 
 
 def test_rank_0_opens_its_run_through_the_relay_without_importing_mlflow(tmp_path, uri, relay):
