@@ -186,6 +186,12 @@ def measure_job(args) -> dict:
     return out
 
 
+def _percent(rows: list[dict]) -> list[dict]:
+    """The rows with every share written as a percentage."""
+    return [{k: f"{v:.1%}" if k.endswith("share") and isinstance(v, float) else v for k, v in r.items()}
+            for r in rows]
+
+
 def job_markdown(out: dict) -> str:
     job, modes = out["job"], out["modes"]
     cols = [("phase", "phase"), ("group", "group")]
@@ -194,8 +200,8 @@ def job_markdown(out: dict) -> str:
         cols += [(f"{mode}_s", f"{mode} s"), (f"{mode}_share", f"{mode} share")]
         gcols += [(f"{mode}_s", f"{mode} s"), (f"{mode}_share", f"{mode} share")]
     text = (f"One job: {job['paper']}/{job['run']} seed {job['seed']} ({job['method']}, {job['workers']} workers), "
-            f"median of {job['repeats']} launches per mode, alternating.\n\n" + md_table(out["groups"], gcols)
-            + "\n\nBy phase:\n\n" + md_table(out["phases"], cols) + "\n")
+            f"median of {job['repeats']} launches per mode, alternating.\n\n" + md_table(_percent(out["groups"]), gcols)
+            + "\n\nBy phase:\n\n" + md_table(_percent(out["phases"]), cols) + "\n")
     if "served_over_cold" in out:
         text += f"\nWall time served / cold, measured side by side: {out['served_over_cold']:.3f}.\n"
     text += ("\nEvery launch ended with the same training loss.\n" if out["same_final_loss"] else
@@ -305,8 +311,8 @@ def workflow_markdown(out: dict) -> str:
                  "share": out["idle"] / elapsed if elapsed and out["idle"] is not None else None})
     text = (f"Workflow run {out['log']}: {elapsed:,.0f} s elapsed, jobs running {out['busy']:,.0f} s "
             f"(jobs may overlap, so the rules' sums can exceed it).\n\n"
-            + md_table(rows, [("rule", "rule"), ("jobs", "jobs"), ("seconds", "seconds"),
-                              ("share", "share of elapsed")]))
+            + md_table(_percent(rows), [("rule", "rule"), ("jobs", "jobs"), ("seconds", "seconds"),
+                                        ("share", "share of elapsed")]))
     if out["unfinished"]:
         text += f"\n\n{out['unfinished']} job(s) started but did not finish in this log."
     training = out["training"]
@@ -315,8 +321,8 @@ def workflow_markdown(out: dict) -> str:
                   for p, s in training["seconds"].items()]
         text += (f"\n\nTraining jobs' phases, summed over the {training['jobs']} timeline.json files under "
                  f"{out['results']} ({training['served']} served by the warm launcher; {training['total']:,.0f} s "
-                 "in all):\n\n" + md_table(phases, [("phase", "phase"), ("group", "group"), ("seconds", "seconds"),
-                                                    ("share", "share")]))
+                 "in all):\n\n" + md_table(_percent(phases), [("phase", "phase"), ("group", "group"),
+                                                              ("seconds", "seconds"), ("share", "share")]))
     else:
         text += f"\n\nNo timeline.json under {out['results']}: the training jobs' phases are not measured."
     return text + "\n"
